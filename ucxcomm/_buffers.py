@@ -1,0 +1,139 @@
+"""Buffer adaptation: numpy / cupy / bytes-like / DLPack objects -> one validated view."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["BufferSpec", "as_recv_buffer", "as_send_buffer"]
+
+_KDLCPU = 1
+_KDLCUDA = 2
+_KDLCUDAHOST = 3
+_KDLCUDAMANAGED = 13
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSpec:
+    """A validated, contiguous buffer ready to hand to the transport.
+
+    Attributes
+    ----------
+    obj : object
+        What the transport wraps: a ``memoryview`` for host memory, or the object
+        exposing ``__cuda_array_interface__`` for device memory.
+    nbytes : int
+        Size in bytes.
+    device : bool
+        True when the memory lives on a CUDA device.
+    """
+
+    obj: Any
+    nbytes: int
+    device: bool
+
+
+def _cuda_iface_nbytes(iface: dict, what: str) -> int:
+    shape = tuple(iface["shape"])
+    typestr = iface["typestr"]
+    itemsize = int(typestr[2:])
+    strides = iface.get("strides")
+    if strides is not None and math.prod(shape) > 1:
+        expected = []
+        acc = itemsize
+        for dim in reversed(shape):
+            expected.append(acc)
+            acc *= dim
+        c_strides = tuple(reversed(expected))
+        f_strides, acc = [], itemsize
+        for dim in shape:
+            f_strides.append(acc)
+            acc *= dim
+        nontrivial = [i for i, d in enumerate(shape) if d > 1]
+        ok_c = all(strides[i] == c_strides[i] for i in nontrivial)
+        ok_f = all(strides[i] == f_strides[i] for i in nontrivial)
+        if not (ok_c or ok_f):
+            raise ValueError(f"{what}: the GPU array is not contiguous (strides {strides}); "
+                             "pass a contiguous copy (cupy.ascontiguousarray)")
+    if iface.get("mask") is not None:
+        raise ValueError(f"{what}: masked GPU arrays are not supported")
+    return math.prod(shape) * itemsize
+
+
+def _from_dlpack(obj: Any, what: str) -> Any:
+    device_type, _ = obj.__dlpack_device__()
+    if device_type in (_KDLCPU, _KDLCUDAHOST):
+        import numpy as np
+
+        return np.from_dlpack(obj)
+    if device_type in (_KDLCUDA, _KDLCUDAMANAGED):
+        try:
+            import cupy
+        except ImportError as exc:  # pragma: no cover - depends on the machine
+            from .errors import UnsupportedError
+
+            raise UnsupportedError(
+                f"{what}: a CUDA DLPack tensor needs cupy (pip install 'ucxcomm[gpu]')"
+            ) from exc
+        return cupy.from_dlpack(obj)
+    raise TypeError(f"{what}: DLPack device type {device_type} is not supported")
+
+
+def _adapt(obj: Any, *, writable: bool, what: str) -> BufferSpec:
+    if obj is None:
+        raise TypeError(f"{what}: expected a buffer (numpy/cupy array, bytearray, "
+                        "memoryview, ...), got None")
+    iface = getattr(obj, "__cuda_array_interface__", None)
+    if iface is not None:
+        ptr, readonly = iface["data"]
+        if writable and readonly:
+            raise ValueError(f"{what}: the GPU receive buffer is read-only")
+        nbytes = _cuda_iface_nbytes(iface, what)
+        return BufferSpec(obj, nbytes, True)
+    import numpy as np
+
+    if not isinstance(obj, np.ndarray):
+        try:
+            obj = np.asarray(memoryview(obj))
+        except TypeError:
+            if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+                return _adapt(_from_dlpack(obj, what), writable=writable, what=what)
+            raise TypeError(
+                f"{what}: expected an object with the buffer protocol, "
+                f"__cuda_array_interface__ or DLPack, got {type(obj).__name__}"
+            ) from None
+    if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+        raise ValueError(f"{what}: the buffer is not contiguous; pass a contiguous copy "
+                         "(numpy.ascontiguousarray)")
+    if writable and not obj.flags.writeable:
+        raise ValueError(f"{what}: the receive buffer is read-only; pass a writable buffer")
+    # A flat byte view of the same memory (no copy for C or F order).
+    flat = obj.ravel(order="K").view(np.uint8)
+    return BufferSpec(memoryview(flat), flat.nbytes, False)
+
+
+def as_send_buffer(obj: Any) -> BufferSpec:
+    """Validate ``obj`` as a send buffer (contiguous; may be read-only).
+
+    Raises
+    ------
+    TypeError
+        ``obj`` is not a buffer.
+    ValueError
+        ``obj`` is not contiguous.
+    """
+    return _adapt(obj, writable=False, what="send buffer")
+
+
+def as_recv_buffer(obj: Any) -> BufferSpec:
+    """Validate ``obj`` as a receive buffer (contiguous and writable).
+
+    Raises
+    ------
+    TypeError
+        ``obj`` is not a buffer.
+    ValueError
+        ``obj`` is not contiguous or is read-only.
+    """
+    return _adapt(obj, writable=True, what="receive buffer")

@@ -1,0 +1,145 @@
+"""The one module that imports ucxx and the cffi extension ``_ucp``.
+
+Everything UCX-specific that the rest of the transport needs goes through here:
+lazy loading, context/worker creation, buffer wrapping, tags, capability probes and
+the translation of UCX errors into ``ucxcomm.errors`` (done once, here).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ..errors import ClosedError, PeerFailure, TruncationError, UcxCommError
+
+__all__ = [
+    "Array",
+    "create_context",
+    "create_worker",
+    "endpoint_transports",
+    "libucp_path",
+    "load",
+    "make_tag",
+    "make_tag_mask",
+    "translate_error",
+    "ucx_version",
+]
+
+log = logging.getLogger(__name__)
+
+_lib: Any = None  # ucxx._lib.libucxx once loaded
+_arr: Any = None  # ucxx._lib.arr
+_ucp: Any = None  # the cffi extension
+Array: Any = None
+
+
+def load() -> Any:
+    """Import ucxx (which loads libucp) and then the cffi extension bound to it.
+
+    Importing ucxx sets a few ``UCX_*`` variables when the user has not set them
+    (ucxx's own defaults, e.g. ``UCX_RNDV_THRESH``); that happens here, at ``init()``
+    time, never at ``import ucxcomm``.
+    """
+    global _lib, _arr, _ucp, Array
+    if _lib is not None:
+        return _lib
+    user_memtype = "UCX_MEMTYPE_CACHE" in os.environ
+    import ucxx._lib.arr as arr
+    import ucxx._lib.libucxx as lib
+
+    if not user_memtype:
+        # ucxx exports UCX_MEMTYPE_CACHE=n, which UCX 1.21 no longer knows and warns
+        # about on every context; the cache is off by default in current UCX anyway.
+        os.environ.pop("UCX_MEMTYPE_CACHE", None)
+    # Only after ucxx loaded libucp: the extension resolves libucp.so.0 by soname.
+    from . import _ucp as ucp_ext
+
+    _lib, _arr, _ucp, Array = lib, arr, ucp_ext, arr.Array
+    return lib
+
+
+def ucx_version() -> str:
+    """The version string of the libucp actually loaded."""
+    load()
+    return _ucp.ffi.string(_ucp.lib.ucp_get_version_string()).decode()
+
+
+def libucp_path() -> str:
+    """Path of the libucp shared object in use (wheel or system)."""
+    load()
+    return _ucp.ffi.string(_ucp.lib.ucxcomm_libucp_path()).decode()
+
+
+def create_context(config: dict[str, str] | None = None) -> Any:
+    """A UCP context with TAG, RMA, AMO32, AMO64, AM and WAKEUP features."""
+    lib = load()
+    f = lib.Feature
+    features = (f.TAG, f.RMA, f.AMO32, f.AMO64, f.AM, f.WAKEUP)
+    try:
+        return lib.UCXContext(dict(config or {}), feature_flags=features)
+    except lib.UCXError as exc:
+        raise translate_error(exc) from exc
+
+
+def create_worker(context: Any) -> Any:
+    """A worker whose requests we poll ourselves (no ucxx notifier thread)."""
+    lib = load()
+    worker = lib.UCXWorker(context, enable_delayed_submission=False,
+                           enable_python_future=False)
+    worker.init_blocking_progress_mode()
+    return worker
+
+
+def make_tag(value: int) -> Any:
+    return _lib.UCXXTag(value)
+
+
+def make_tag_mask(value: int) -> Any:
+    return _lib.UCXXTagMask(value)
+
+
+def address_from_bytes(data: bytes) -> Any:
+    return _lib.UCXAddress.create_from_buffer(data)
+
+
+def endpoint_transports(ep_handle: int) -> list[tuple[str, str]]:
+    """The (transport, device) lanes UCX chose for an endpoint (``ucp_ep_query``)."""
+    load()
+    out = _ucp.ffi.new("char[]", 4096)
+    status = _ucp.lib.ucxcomm_ep_transports(ep_handle, out, 4096)
+    if status != 0:
+        msg = _ucp.ffi.string(_ucp.lib.ucs_status_string(status)).decode()
+        raise UcxCommError(f"ucp_ep_query failed: {msg}")
+    text = _ucp.ffi.string(out).decode()
+    lanes = []
+    for item in filter(None, text.split(";")):
+        tl, _, dev = item.partition("/")
+        lanes.append((tl, dev))
+    return lanes
+
+
+def is_canceled(exc: BaseException) -> bool:
+    return _lib is not None and isinstance(exc, (_lib.UCXCanceled, _lib.UCXCanceledError))
+
+
+def is_ucx_error(exc: BaseException) -> bool:
+    return _lib is not None and isinstance(exc, _lib.UCXError)
+
+
+def translate_error(exc: BaseException, peer: Any = None) -> UcxCommError:
+    """Map a ucxx exception to the ucxcomm hierarchy (callers ``raise ... from exc``)."""
+    lib = _lib
+    if lib is None or not isinstance(exc, lib.UCXError):
+        return UcxCommError(str(exc))
+    if isinstance(exc, (lib.UCXMsgTruncated, lib.UCXMessageTruncatedError)):
+        return TruncationError(f"message truncated: {exc}")
+    if isinstance(exc, (lib.UCXCanceled, lib.UCXCanceledError, lib.UCXCloseError)):
+        return ClosedError(f"operation canceled by close: {exc}")
+    peer_errors = (
+        lib.UCXConnectionResetError, lib.UCXEndpointTimeoutError, lib.UCXUnreachableError,
+        lib.UCXNotConnectedError, lib.UCXRejectedError, lib.UCXIOError, lib.UCXTimedOutError,
+    )
+    if isinstance(exc, peer_errors):
+        return PeerFailure(f"peer {peer} failed: {exc}", peer=peer)
+    return UcxCommError(f"UCX error: {exc}")
