@@ -1,0 +1,74 @@
+"""ucxcomm: async MPI-like communication over UCX for host (numpy) and GPU (cupy) buffers.
+
+Importing this package has no side effects: UCX is loaded by :func:`init`.
+"""
+
+from . import errors
+from .comm import (
+    ANY_SOURCE,
+    ANY_TAG,
+    BAND,
+    BOR,
+    BXOR,
+    LAND,
+    LOR,
+    LXOR,
+    MAX,
+    MIN,
+    NO_OP,
+    PROD,
+    REPLACE,
+    SUM,
+    TAG_UB,
+    Comm,
+    Op,
+    Request,
+    Status,
+)
+from .errors import (
+    BootstrapError,
+    ClosedError,
+    CommTimeoutError,
+    PeerFailure,
+    TruncationError,
+    UcxCommError,
+    UnsupportedError,
+    WindowError,
+)
+from .launch.bootstrap import finalize, init
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ANY_SOURCE",
+    "ANY_TAG",
+    "BAND",
+    "BOR",
+    "BXOR",
+    "LAND",
+    "LOR",
+    "LXOR",
+    "MAX",
+    "MIN",
+    "NO_OP",
+    "PROD",
+    "REPLACE",
+    "SUM",
+    "TAG_UB",
+    "BootstrapError",
+    "ClosedError",
+    "Comm",
+    "CommTimeoutError",
+    "Op",
+    "PeerFailure",
+    "Request",
+    "Status",
+    "TruncationError",
+    "UcxCommError",
+    "UnsupportedError",
+    "WindowError",
+    "__version__",
+    "errors",
+    "finalize",
+    "init",
+]

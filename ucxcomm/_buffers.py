@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BufferSpec", "as_recv_buffer", "as_send_buffer"]
+__all__ = ["BufferSpec", "as_recv_buffer", "as_send_buffer", "prefix", "scratch_like"]
 
 _KDLCPU = 1
 _KDLCUDA = 2
@@ -137,3 +137,37 @@ def as_recv_buffer(obj: Any) -> BufferSpec:
         ``obj`` is not contiguous or is read-only.
     """
     return _adapt(obj, writable=True, what="receive buffer")
+
+
+class _DeviceBytes:
+    """A 1-D uint8 view of device memory, described by ``__cuda_array_interface__``."""
+
+    __slots__ = ("__cuda_array_interface__", "_owner")
+
+    def __init__(self, ptr: int, nbytes: int, owner: Any) -> None:
+        self._owner = owner
+        self.__cuda_array_interface__ = {
+            "data": (ptr, False), "shape": (nbytes,), "typestr": "|u1", "version": 3,
+            "strides": None,
+        }
+
+
+def prefix(spec: BufferSpec, nbytes: int) -> BufferSpec:
+    """The first ``nbytes`` of ``spec`` (same memory)."""
+    if nbytes == spec.nbytes:
+        return spec
+    if spec.device:
+        ptr = spec.obj.__cuda_array_interface__["data"][0]
+        return BufferSpec(_DeviceBytes(ptr, nbytes, spec.obj), nbytes, True)
+    return BufferSpec(spec.obj[:nbytes], nbytes, False)
+
+
+def scratch_like(spec: BufferSpec, nbytes: int) -> BufferSpec:
+    """A fresh buffer of ``nbytes`` in the same kind of memory as ``spec``."""
+    if spec.device:
+        import cupy
+
+        return BufferSpec(cupy.empty(nbytes, dtype=cupy.uint8), nbytes, True)
+    import numpy as np
+
+    return BufferSpec(memoryview(np.empty(nbytes, dtype=np.uint8)), nbytes, False)

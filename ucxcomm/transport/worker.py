@@ -49,7 +49,7 @@ PEER_GRACE_S = 0.05
 class _Op:
     """One pending transport operation, polled by the progress task."""
 
-    __slots__ = ("alloc", "buf", "done", "future", "length", "mask", "peers", "req",
+    __slots__ = ("alloc", "buf", "done", "future", "length", "mask", "peek", "peers", "req",
                  "sender_tag", "settled", "tag")
 
     def __init__(self, future: asyncio.Future, peers: frozenset | None) -> None:
@@ -63,6 +63,7 @@ class _Op:
         self.sender_tag = 0
         self.length = 0
         self.done = False
+        self.peek = False  # probe ops that only watch (do not consume)
         self.settled: asyncio.Future | None = None
 
     def mark_settled(self) -> None:
@@ -206,6 +207,16 @@ class Worker:
             return None
         return res.sender_tag.value, res.length
 
+    def probe_wait(self, tag: int, mask: int, peers: frozenset | None) -> asyncio.Future:
+        """Resolve to ``(sender_tag, nbytes)`` once a matching message is there (not consumed)."""
+        self._check_open()
+        fut = self._loop.create_future()
+        op = _Op(fut, peers)
+        op.tag, op.mask, op.peek = tag, mask, True
+        self._probes.append(op)
+        self._kick()
+        return fut
+
     def probe_recv(self, tag: int, mask: int, alloc: Callable[[int, int], BufferSpec],
                    peers: frozenset | None) -> asyncio.Future:
         """Receive the first message matching (tag, mask) into ``alloc(nbytes, sender_tag)``.
@@ -228,9 +239,15 @@ class Worker:
         return fut
 
     def _try_match(self, op: _Op) -> bool:
-        res = self._worker.tag_probe(_ucx.make_tag(op.tag), _ucx.make_tag_mask(op.mask), True)
+        res = self._worker.tag_probe(_ucx.make_tag(op.tag), _ucx.make_tag_mask(op.mask),
+                                     not op.peek)
         if not res.matched:
             return False
+        if op.peek:
+            op.done = True
+            if not op.future.done():
+                op.future.set_result((res.sender_tag.value, res.length))
+            return True
         op.sender_tag, op.length = res.sender_tag.value, res.length
         assert op.alloc is not None
         try:

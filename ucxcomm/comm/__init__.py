@@ -1,0 +1,10 @@
+"""MPI semantics over the transport: communicators, requests, ops (never imports UCX)."""
+
+from .communicator import Comm, World
+from .ops import BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, NO_OP, PROD, REPLACE, SUM, Op
+from .request import Request, Status
+from .tags import ANY_SOURCE, ANY_TAG, TAG_UB
+
+__all__ = ["ANY_SOURCE", "ANY_TAG", "BAND", "BOR", "BXOR", "LAND", "LOR", "LXOR", "MAX", "MIN",
+           "NO_OP", "PROD", "REPLACE", "SUM", "TAG_UB", "Comm", "Op", "Request", "Status",
+           "World"]

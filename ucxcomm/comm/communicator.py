@@ -1,0 +1,585 @@
+"""``Comm``: ranks, point-to-point (objects and buffers), split/dup and barrier.
+
+MPI semantics on top of :mod:`ucxcomm.transport`; this module never touches UCX.
+Lowercase methods move Python objects (pickle protocol 5, array payloads out of band),
+Capitalized methods move raw buffers straight from/into the caller's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import numbers
+import pickle
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from .._buffers import BufferSpec, as_recv_buffer, as_send_buffer, prefix, scratch_like
+from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError
+from .request import Request, Status
+from .tags import (
+    ANY_SOURCE,
+    ANY_TAG,
+    KIND_COLL,
+    KIND_FRAMES,
+    KIND_P2P,
+    MAX_CID,
+    TAG_UB,
+    make_mask,
+    make_tag,
+    split_tag,
+)
+
+__all__ = ["Comm", "World"]
+
+log = logging.getLogger(__name__)
+
+_FULL = (1 << 64) - 1
+_INLINE = 0
+_FRAMED = 1
+_HDR = struct.Struct("<BII")  # kind, number of frames, frame sequence number
+
+
+class World:
+    """Per-process state every communicator shares: worker, peer addresses, endpoints.
+
+    Created by :func:`ucxcomm.init`; users never build one.
+    """
+
+    def __init__(self, worker: Any, rank: int, size: int, addresses: list[bytes]) -> None:
+        self.worker = worker
+        self.rank = rank
+        self.size = size
+        self.addresses = addresses
+        self.next_cid = 1  # 0 is the world communicator
+        self._eps: dict[int, Any] = {}
+        self.closed = False
+        self.closers: list[Callable[[], Awaitable[None]]] = []
+        self.comm = Comm(self, tuple(range(size)), 0)
+
+    def endpoint(self, world_rank: int) -> Any:
+        ep = self._eps.get(world_rank)
+        if ep is None:
+            ep = self._eps[world_rank] = self.worker.connect(self.addresses[world_rank],
+                                                             peer=world_rank)
+        return ep
+
+    def peer_failed(self, world_rank: int) -> None:
+        """Called when the bootstrap store reports that ``world_rank`` died."""
+        if world_rank == self.rank or self.closed:
+            return
+        log.warning("rank %d: peer rank %d died or left without closing", self.rank,
+                    world_rank)
+        self.worker.fail_peer(world_rank, PeerFailure(
+            f"rank {world_rank} died or left the job without closing", peer=world_rank))
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            for ep in self._eps.values():
+                ep.abort()
+            await self.worker.close()
+        finally:
+            for closer in self.closers:
+                try:
+                    await closer()
+                except Exception:  # pragma: no cover - best effort at shutdown
+                    log.debug("close hook failed", exc_info=True)
+
+    def abort(self) -> None:
+        self.closed = True
+        self.worker.abort()
+
+
+def _check_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
+async def _with_timeout(aw: Awaitable[Any], timeout: float | None, what: str) -> Any:
+    if timeout is None:
+        return await aw
+    try:
+        async with asyncio.timeout(timeout):
+            return await aw
+    except TimeoutError:
+        raise CommTimeoutError(f"{what} did not complete within {timeout:g} s") from None
+
+
+class Comm:
+    """A communicator: a group of ranks with its own message space.
+
+    Obtain the world with ``await ucxcomm.init()``; derive others with :meth:`split`
+    and :meth:`dup`. Attributes ``rank`` and ``size`` are this process's rank in the
+    communicator and the number of ranks.
+    """
+
+    def __init__(self, world: World, group: tuple[int, ...], cid: int) -> None:
+        if cid > MAX_CID:
+            raise RuntimeError(f"too many communicators (context id {cid} > {MAX_CID})")
+        self._world = world
+        self._worker = world.worker
+        self._group = group
+        self._cid = cid
+        self.rank = group.index(world.rank)
+        self.size = len(group)
+        self._peers_all = frozenset(group)
+        self._peer_sets = [frozenset((g,)) for g in group]
+        self._frame_seq = [0] * self.size
+        self._coll_seq = 0
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<ucxcomm.Comm cid={self._cid} rank={self.rank} size={self.size}>"
+
+    # ---------------------------------------------------------------- checks
+    def _check_open(self) -> None:
+        if self._closed or self._world.closed:
+            raise ClosedError(f"{self!r} is closed")
+
+    def _check_peer(self, rank: Any, what: str, allow_any: bool = False) -> int:
+        rank = _check_int(rank, what)
+        if allow_any and rank == ANY_SOURCE:
+            return rank
+        if not 0 <= rank < self.size:
+            raise ValueError(f"{what} {rank} is out of range for a communicator of size "
+                             f"{self.size}")
+        return rank
+
+    @staticmethod
+    def _check_tag(tag: Any, allow_any: bool = False) -> int:
+        tag = _check_int(tag, "tag")
+        if allow_any and tag == ANY_TAG:
+            return tag
+        if not 0 <= tag <= TAG_UB:
+            raise ValueError(f"tag {tag} is out of range: user tags are 0 <= tag <= "
+                             f"TAG_UB ({TAG_UB})")
+        return tag
+
+    def _ep(self, dest: int) -> Any:
+        return self._world.endpoint(self._group[dest])
+
+    # ------------------------------------------------------- buffer messages
+    def _post_send(self, spec: BufferSpec, dest: int, kind: int, tag: int) -> Any:
+        return self._ep(dest).isend_spec(spec, make_tag(self._cid, kind, self.rank, tag))
+
+    def _check_send(self, buf: Any, dest: Any, tag: Any) -> tuple[BufferSpec, int, int]:
+        self._check_open()
+        dest = self._check_peer(dest, "dest")
+        tag = self._check_tag(tag)
+        return as_send_buffer(buf), dest, tag
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        """Start sending ``buf`` to ``dest``; returns a :class:`Request`.
+
+        Raises
+        ------
+        ValueError, TypeError
+            Bad buffer, rank or tag (before anything is sent).
+        ClosedError, PeerFailure
+        """
+        spec, dest, tag = self._check_send(buf, dest, tag)
+        fut = self._post_send(spec, dest, KIND_P2P, tag)
+        return Request.completed() if fut is None else Request(fut)
+
+    async def Send(self, buf: Any, dest: int, tag: int = 0, *,
+                   timeout: float | None = None) -> None:
+        """Send the raw bytes of ``buf`` to ``dest``; returns when ``buf`` may be reused.
+
+        Like ``MPI_Send``, a large message may wait until the receiver posts its
+        receive.
+
+        Raises
+        ------
+        ValueError, TypeError
+            Bad buffer, rank or tag (before anything is sent).
+        ClosedError, PeerFailure, CommTimeoutError
+        """
+        spec, dest, tag = self._check_send(buf, dest, tag)
+        fut = self._post_send(spec, dest, KIND_P2P, tag)
+        if fut is not None:
+            await _with_timeout(fut, timeout, "Send")
+
+    def _post_recv(self, spec: BufferSpec, source: int, kind: int, tag: int
+                   ) -> asyncio.Future:
+        peers = self._peers_all if source == ANY_SOURCE else self._peer_sets[source]
+
+        def alloc(nbytes: int, _stag: int) -> BufferSpec:
+            if nbytes <= spec.nbytes:
+                return prefix(spec, nbytes)
+            return scratch_like(spec, nbytes)
+
+        return self._worker.probe_recv(
+            make_tag(self._cid, kind, max(source, 0), max(tag, 0)),
+            make_mask(source, tag), alloc, peers)
+
+    def _status(self, stag: int, nbytes: int) -> Status:
+        source, tag = split_tag(stag)
+        return Status(source, tag, nbytes)
+
+    def _finish_recv(self, spec: BufferSpec, result: tuple[int, int, BufferSpec]) -> Status:
+        stag, nbytes, got = result
+        status = self._status(stag, nbytes)
+        if nbytes > spec.nbytes:
+            _copy_prefix(spec, got)
+            raise TruncationError(
+                f"message of {nbytes} bytes from rank {status.source} (tag {status.tag}) "
+                f"truncated to the {spec.nbytes}-byte receive buffer",
+                nbytes=nbytes, capacity=spec.nbytes, status=status)
+        return status
+
+    async def _await_recv(self, fut: asyncio.Future) -> Any:
+        """Await a receive future; on cancellation withdraw it, or, if it already
+        matched a message, wait until that message is fully consumed."""
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if not self._worker.cancel(fut):
+                await self._worker.settle(fut)
+            raise
+
+    def _check_recv(self, source: Any, tag: Any) -> tuple[int, int]:
+        self._check_open()
+        return (self._check_peer(source, "source", allow_any=True),
+                self._check_tag(tag, allow_any=True))
+
+    async def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
+                   timeout: float | None = None) -> Status:
+        """Receive a message straight into ``buf``; returns its :class:`Status`.
+
+        Raises
+        ------
+        TruncationError
+            The message was larger than ``buf`` (it is consumed; ``buf`` holds its
+            first ``len(buf)`` bytes).
+        ValueError, TypeError
+            Non-contiguous or read-only buffer, bad rank or tag.
+        ClosedError, PeerFailure, CommTimeoutError
+        """
+        spec = as_recv_buffer(buf)
+        source, tag = self._check_recv(source, tag)
+        fut = self._post_recv(spec, source, KIND_P2P, tag)
+        if fut.done():
+            return self._finish_recv(spec, fut.result())
+        result = await _with_timeout(self._await_recv(fut), timeout, "Recv")
+        return self._finish_recv(spec, result)
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Start receiving into ``buf``; awaiting the request gives a :class:`Status`."""
+        spec = as_recv_buffer(buf)
+        source, tag = self._check_recv(source, tag)
+        fut = self._post_recv(spec, source, KIND_P2P, tag)
+        task = asyncio.ensure_future(self._irecv_buffer(spec, fut))
+        return Request(task, lambda: self._worker.cancel(fut))
+
+    async def _irecv_buffer(self, spec: BufferSpec, fut: asyncio.Future) -> Status:
+        return self._finish_recv(spec, await self._await_recv(fut))
+
+    # ------------------------------------------------------- object messages
+    def _post_send_obj(self, obj: Any, dest: int, kind: int, tag: int) -> list[Any]:
+        frames: list[pickle.PickleBuffer] = []
+        data = pickle.dumps(obj, protocol=5, buffer_callback=frames.append)
+        raws = []
+        try:
+            raws = [f.raw() for f in frames]
+        except BufferError:  # a non-contiguous out-of-band buffer: fall back to in-band
+            data, raws = pickle.dumps(obj, protocol=5), []
+        ep = self._ep(dest)
+        if not raws:
+            msg = b"\x00" + data
+            return [ep.isend_spec(as_send_buffer(msg),
+                                  make_tag(self._cid, kind, self.rank, tag))]
+        seq = self._frame_seq[dest]
+        self._frame_seq[dest] = (seq + 1) & TAG_UB
+        head = _HDR.pack(_FRAMED, len(raws), seq) + struct.pack(
+            f"<{len(raws)}Q", *(r.nbytes for r in raws))
+        futs = [ep.isend_spec(as_send_buffer(head + data),
+                              make_tag(self._cid, kind, self.rank, tag))]
+        ftag = make_tag(self._cid, KIND_FRAMES, self.rank, seq)
+        futs.extend(ep.isend_spec(as_send_buffer(r), ftag) for r in raws)
+        return futs
+
+    def _post_recv_obj(self, source: int, kind: int, tag: int) -> asyncio.Future:
+        peers = self._peers_all if source == ANY_SOURCE else self._peer_sets[source]
+        return self._worker.probe_recv(
+            make_tag(self._cid, kind, max(source, 0), max(tag, 0)), make_mask(source, tag),
+            _alloc_bytes, peers)
+
+    async def _finish_recv_obj(self, fut: asyncio.Future) -> tuple[Any, Status]:
+        stag, nbytes, spec = await self._await_recv(fut)
+        data = spec.obj
+        status = self._status(stag, nbytes)
+        if data[0] == _INLINE:
+            return pickle.loads(data[1:]), status
+        _, nframes, seq = _HDR.unpack_from(data, 0)
+        sizes = struct.unpack_from(f"<{nframes}Q", data, _HDR.size)
+        payload = data[_HDR.size + 8 * nframes:]
+        ftag = make_tag(self._cid, KIND_FRAMES, status.source, seq)
+        peers = self._peer_sets[status.source]
+        buffers = [np.empty(n, dtype=np.uint8) for n in sizes]
+        futs = [self._worker.tag_recv(as_recv_buffer(b), ftag, _FULL, peers) for b in buffers]
+        pending = [f for f in futs if f is not None]
+        if pending:
+            try:
+                await asyncio.gather(*pending)
+            except asyncio.CancelledError:
+                # The header is consumed: take the payload too, so nothing is left half read.
+                for f in pending:
+                    await self._worker.settle(f)
+                raise
+        total = nbytes + sum(sizes)
+        return pickle.loads(payload, buffers=buffers), Status(status.source, status.tag, total)
+
+    async def send(self, obj: Any, dest: int, tag: int = 0, *,
+                   timeout: float | None = None) -> None:
+        """Send a picklable object (array payloads go out of band, without copies).
+
+        Raises
+        ------
+        ValueError, TypeError
+            Bad rank or tag, or ``obj`` cannot be pickled (before anything is sent).
+        ClosedError, PeerFailure, CommTimeoutError
+        """
+        self._check_open()
+        dest = self._check_peer(dest, "dest")
+        tag = self._check_tag(tag)
+        futs = [f for f in self._post_send_obj(obj, dest, KIND_P2P, tag) if f is not None]
+        if futs:
+            await _with_timeout(asyncio.gather(*futs), timeout, "send")
+
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        """Start sending an object; returns a :class:`Request`."""
+        self._check_open()
+        dest = self._check_peer(dest, "dest")
+        tag = self._check_tag(tag)
+        futs = [f for f in self._post_send_obj(obj, dest, KIND_P2P, tag) if f is not None]
+        if not futs:
+            return Request.completed()
+        return Request(futs[0] if len(futs) == 1 else asyncio.gather(*futs))
+
+    async def recv(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
+                   return_status: bool = False, timeout: float | None = None) -> Any:
+        """Receive an object; with ``return_status=True`` returns ``(obj, status)``.
+
+        Raises
+        ------
+        ClosedError, PeerFailure, CommTimeoutError
+        """
+        source, tag = self._check_recv(source, tag)
+        fut = self._post_recv_obj(source, KIND_P2P, tag)
+        obj, status = await _with_timeout(self._finish_recv_obj(fut), timeout, "recv")
+        return (obj, status) if return_status else obj
+
+    def irecv(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Start receiving an object; awaiting the request gives the object."""
+        source, tag = self._check_recv(source, tag)
+        fut = self._post_recv_obj(source, KIND_P2P, tag)
+        task = asyncio.ensure_future(self._irecv_obj(fut))
+        return Request(task, lambda: self._worker.cancel(fut))
+
+    async def _irecv_obj(self, fut: asyncio.Future) -> Any:
+        return (await self._finish_recv_obj(fut))[0]
+
+    async def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0,
+                       source: int = ANY_SOURCE, recvtag: int = ANY_TAG, *,
+                       return_status: bool = False, timeout: float | None = None) -> Any:
+        """Send ``sendobj`` to ``dest`` and receive one object, without deadlock."""
+        self._check_open()
+        dest = self._check_peer(dest, "dest")
+        sendtag = self._check_tag(sendtag)
+        source, recvtag = self._check_recv(source, recvtag)
+        futs = [f for f in self._post_send_obj(sendobj, dest, KIND_P2P, sendtag)
+                if f is not None]
+        rfut = self._post_recv_obj(source, KIND_P2P, recvtag)
+
+        async def both() -> tuple[Any, Status]:
+            got = await self._finish_recv_obj(rfut)
+            if futs:
+                await asyncio.gather(*futs)
+            return got
+
+        obj, status = await _with_timeout(both(), timeout, "sendrecv")
+        return (obj, status) if return_status else obj
+
+    async def Sendrecv(self, sendbuf: Any, dest: int, recvbuf: Any, source: int = ANY_SOURCE,
+                       sendtag: int = 0, recvtag: int = ANY_TAG, *,
+                       timeout: float | None = None) -> Status:
+        """Buffer form of :meth:`sendrecv`; returns the receive's :class:`Status`."""
+        spec, dest, sendtag = self._check_send(sendbuf, dest, sendtag)
+        rspec = as_recv_buffer(recvbuf)
+        source, recvtag = self._check_recv(source, recvtag)
+        sfut = self._post_send(spec, dest, KIND_P2P, sendtag)
+        rfut = self._post_recv(rspec, source, KIND_P2P, recvtag)
+
+        async def both() -> Status:
+            status = self._finish_recv(rspec, await self._await_recv(rfut))
+            if sfut is not None:
+                await sfut
+            return status
+
+        return await _with_timeout(both(), timeout, "Sendrecv")
+
+    # ------------------------------------------------------------------ probe
+    def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status | None:
+        """The :class:`Status` of a matching message that is ready, else None (no wait)."""
+        source, tag = self._check_recv(source, tag)
+        got = self._worker.probe(make_tag(self._cid, KIND_P2P, max(source, 0), max(tag, 0)),
+                                 make_mask(source, tag))
+        return None if got is None else self._status(*got)
+
+    async def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
+                    timeout: float | None = None) -> Status:
+        """Wait until a matching message is ready; returns its :class:`Status`.
+
+        The message is not received. For objects, ``nbytes`` is the size of the first
+        part (header and in-band pickle) only.
+        """
+        source, tag = self._check_recv(source, tag)
+        peers = self._peers_all if source == ANY_SOURCE else self._peer_sets[source]
+        fut = self._worker.probe_wait(
+            make_tag(self._cid, KIND_P2P, max(source, 0), max(tag, 0)),
+            make_mask(source, tag), peers)
+        got = await _with_timeout(self._await_recv(fut), timeout, "probe")
+        return self._status(*got)
+
+    # ------------------------------------------------------ internal traffic
+    def _next_coll_tag(self) -> int:
+        seq = self._coll_seq
+        self._coll_seq = (seq + 1) & TAG_UB
+        return seq
+
+    async def _allgather_obj(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (internal; small objects, small worlds)."""
+        seq = self._next_coll_tag()
+        out: list[Any] = [None] * self.size
+        out[self.rank] = obj
+        futs = []
+        for r in range(self.size):
+            if r != self.rank:
+                futs.extend(f for f in self._post_send_obj(obj, r, KIND_COLL, seq)
+                            if f is not None)
+        rfuts = {r: self._post_recv_obj(r, KIND_COLL, seq) for r in range(self.size)
+                 if r != self.rank}
+        for r, fut in rfuts.items():
+            out[r] = (await self._finish_recv_obj(fut))[0]
+        if futs:
+            await asyncio.gather(*futs)
+        return out
+
+    async def barrier(self, *, timeout: float | None = None) -> None:
+        """Block until every rank of the communicator has entered the barrier.
+
+        Dissemination algorithm: ceil(log2(size)) rounds of zero-byte messages.
+        """
+        self._check_open()
+        await _with_timeout(self._barrier(), timeout, "barrier")
+
+    async def _barrier(self) -> None:
+        seq = self._next_coll_tag()
+        empty = as_send_buffer(b"")
+        dist = 1
+        while dist < self.size:
+            dest = (self.rank + dist) % self.size
+            src = (self.rank - dist) % self.size
+            sfut = self._post_send(empty, dest, KIND_COLL, seq)
+            rfut = self._post_recv(as_recv_buffer(bytearray(0)), src, KIND_COLL, seq)
+            await self._await_recv(rfut)
+            if sfut is not None:
+                await sfut
+            dist *= 2
+
+    # ----------------------------------------------------------- communicators
+    async def split(self, color: int | None, key: int = 0) -> Comm | None:
+        """Partition the ranks by ``color``; order each part by ``(key, rank)``.
+
+        Collective. Ranks passing ``color=None`` get None. The new communicators never
+        match messages of this one, nor of each other.
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``color`` is negative or not an int/None; ``key`` is not an int.
+        """
+        self._check_open()
+        if color is not None:
+            color = _check_int(color, "color")
+            if color < 0:
+                raise ValueError(f"color must be >= 0 or None, got {color}")
+        key = _check_int(key, "key")
+        world = self._world
+        infos = await self._allgather_obj((color, key, world.next_cid))
+        cid = max(info[2] for info in infos)
+        world.next_cid = cid + 1
+        if color is None:
+            return None
+        members = sorted((k, r) for r, (c, k, _) in enumerate(infos) if c == color)
+        return Comm(world, tuple(self._group[r] for _, r in members), cid)
+
+    async def dup(self) -> Comm:
+        """A communicator with the same ranks and a separate message space (collective)."""
+        sub = await self.split(0, self.rank)
+        assert sub is not None
+        return sub
+
+    # --------------------------------------------------------------- info/close
+    def transport_info(self) -> dict[int, list[tuple[str, str]]]:
+        """The UCX (transport, device) lanes to each peer rank of this communicator."""
+        self._check_open()
+        return {r: self._ep(r).transports() for r in range(self.size)}
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._world.closed
+
+    async def close(self, *, timeout: float | None = 60.0) -> None:
+        """Collective: wait for every rank, then release. Closing the world communicator
+        finalizes ucxcomm in this process. Idempotent.
+        """
+        if self.closed:
+            return
+        try:
+            await self.barrier(timeout=timeout)
+        except (PeerFailure, CommTimeoutError) as exc:
+            log.warning("close: not every rank reached close (%s); closing anyway", exc)
+        finally:
+            self._closed = True
+            if self._cid == 0:
+                await self._world.close()
+
+    def abort(self) -> None:
+        """Close at once, without waiting for other ranks (safe in ``finally``)."""
+        self._closed = True
+        if self._cid == 0:
+            self._world.abort()
+
+    async def __aenter__(self) -> Comm:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            await self.close()
+        else:
+            self.abort()
+
+
+def _alloc_bytes(nbytes: int, _stag: int) -> BufferSpec:
+    arr = np.empty(nbytes, dtype=np.uint8)
+    return BufferSpec(memoryview(arr), nbytes, False)
+
+
+def _copy_prefix(dst: BufferSpec, src: BufferSpec) -> None:
+    if dst.device or src.device:
+        import cupy
+
+        d = cupy.asarray(dst.obj).ravel().view(cupy.uint8)
+        s = cupy.asarray(src.obj).ravel().view(cupy.uint8)
+        d[:] = s[: dst.nbytes]
+    else:
+        dst.obj[:] = src.obj[: dst.nbytes]
+

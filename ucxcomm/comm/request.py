@@ -1,0 +1,118 @@
+"""``Request`` (a handle on a non-blocking operation) and ``Status``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Generator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Request", "Status"]
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """What a receive or probe matched.
+
+    Attributes
+    ----------
+    source : int
+        Rank of the sender in the communicator.
+    tag : int
+        The message's tag.
+    nbytes : int
+        Size of the message on the wire (for objects: the serialized size).
+    """
+
+    source: int
+    tag: int
+    nbytes: int
+
+    def count(self, dtype: Any = None) -> int:
+        """Number of ``dtype`` elements in the message (bytes when ``dtype`` is None)."""
+        if dtype is None:
+            return self.nbytes
+        import numpy as np
+
+        return self.nbytes // np.dtype(dtype).itemsize
+
+
+class Request:
+    """A pending non-blocking operation (``isend``, ``irecv``, ``Isend``, ``Irecv``...).
+
+    ``await req`` returns the operation's result (the object for ``irecv``, a
+    :class:`Status` for ``Irecv``, ``None`` for sends).
+    """
+
+    __slots__ = ("_canceller", "_fut")
+
+    def __init__(self, fut: asyncio.Future, canceller: Callable[[], bool] | None = None
+                 ) -> None:
+        self._fut = fut
+        self._canceller = canceller
+
+    @classmethod
+    def completed(cls, result: Any = None) -> Request:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(result)
+        return cls(fut)
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._fut.__await__()
+
+    def done(self) -> bool:
+        return self._fut.done()
+
+    def test(self) -> tuple[bool, Any]:
+        """``(True, result)`` if the operation finished (raising its error, if any),
+        else ``(False, None)``; never blocks."""
+        if not self._fut.done():
+            return False, None
+        return True, self._fut.result()
+
+    def cancel(self) -> bool:
+        """Cancel a receive that has not matched a message yet.
+
+        Returns True if the operation was cancelled (awaiting it then raises
+        ``asyncio.CancelledError``); False if it had already matched or finished, in
+        which case it completes normally.
+        """
+        if self._fut.done():
+            return False
+        if self._canceller is not None and self._canceller():
+            self._fut.cancel()
+            return True
+        return False
+
+    def cancelled(self) -> bool:
+        return self._fut.cancelled()
+
+    @staticmethod
+    async def waitall(requests: Iterable[Request | Awaitable[Any]]) -> list[Any]:
+        """Wait for every request; returns their results in order.
+
+        If one fails, the others still run to completion before the first error is raised
+        (so no buffer is left in use behind your back).
+        """
+        reqs = list(requests)
+        results = await asyncio.gather(*(_as_future(r) for r in reqs), return_exceptions=True)
+        for res in results:
+            if isinstance(res, BaseException):
+                raise res
+        return list(results)
+
+    @staticmethod
+    async def waitany(requests: Iterable[Request]) -> tuple[int, Any]:
+        """Wait for the first request to finish; returns ``(index, result)``."""
+        futs = [_as_future(r) for r in requests]
+        done, _ = await asyncio.wait(futs, return_when=asyncio.FIRST_COMPLETED)
+        for i, fut in enumerate(futs):
+            if fut in done:
+                return i, fut.result()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _as_future(r: Request | Awaitable[Any]) -> asyncio.Future:
+    if isinstance(r, Request):
+        return r._fut
+    return asyncio.ensure_future(r)

@@ -1,0 +1,348 @@
+"""Forming the world: rank/size discovery from launchers, address exchange, ``init()``.
+
+Rank and size come from the first match of (DESIGN.md section 6):
+
+1. explicit ``init(rank=, size=, store=)``;
+2. ``ucxcomm run``: ``UCXCOMM_RANK``, ``UCXCOMM_SIZE``, ``UCXCOMM_STORE`` (launcher-hosted);
+3. torchrun: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (our store listens
+   on ``MASTER_PORT + 1`` on rank 0, since torchrun's own store holds ``MASTER_PORT``);
+4. Slurm: ``SLURM_PROCID``, ``SLURM_NTASKS``, first host of ``SLURM_NODELIST``; port
+   ``UCXCOMM_PORT`` or ``20000 + (job id * 16 + step id) % 20000``;
+5. Open MPI: ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE``;
+6. MPICH/PMI: ``PMI_RANK``/``PMI_SIZE``.
+
+For 5 and 6 the store address is ``UCXCOMM_STORE`` or ``MASTER_ADDR``/``MASTER_PORT``; when
+all ranks are on one host, rank 0 hosts it on 127.0.0.1 at a port derived from the
+launcher's per-host daemon (the ranks' common parent process).
+No match at all: a singleton world of size 1. ``UCXCOMM_TOKEN`` is the job's shared
+secret for the store (``ucxcomm run`` makes a random one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import socket
+import zlib
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..comm import Comm, World
+from ..comm.tags import MAX_RANKS
+from ..errors import BootstrapError
+from .store import StoreClient, StoreServer
+
+__all__ = ["WorldSpec", "detect", "finalize", "init", "parse_nodelist"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """Where this process stands: rank, size and how to reach the bootstrap store."""
+
+    rank: int
+    size: int
+    host: str | None  # store host (None for a singleton)
+    port: int | None
+    token: str
+    host_store: bool  # this process serves the store (rank 0 under most launchers)
+    source: str  # which convention matched ("explicit", "ucxcomm", "torchrun", ...)
+
+
+def _int_var(env: Mapping[str, str], name: str) -> int:
+    value = env[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise BootstrapError(f"{name}={value!r} is not an integer") from None
+
+
+def _require(env: Mapping[str, str], names: tuple[str, ...], convention: str) -> None:
+    missing = [n for n in names if not env.get(n)]
+    if missing:
+        raise BootstrapError(f"{convention} launch detected but {', '.join(missing)} "
+                             f"{'is' if len(missing) == 1 else 'are'} not set")
+
+
+def _hostport(value: str, name: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise BootstrapError(f"{name}={value!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def parse_nodelist(nodelist: str) -> list[str]:
+    """Expand a Slurm node list (``"gpu[01-03,7],cpu5"``) into host names."""
+    hosts: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist):
+        stem, ranges = m.group(1), m.group(2)
+        if not ranges:
+            hosts.append(stem)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not hi:
+                hosts.append(stem + lo)
+                continue
+            width = len(lo)
+            hosts.extend(f"{stem}{i:0{width}d}" for i in range(int(lo), int(hi) + 1))
+    return hosts
+
+
+def _derived_port(key: str) -> int:
+    return 20000 + zlib.crc32(key.encode()) % 20000
+
+
+def _mpi_store(env: Mapping[str, str], convention: str, local_size_var: str,
+               size: int) -> tuple[str, int]:
+    if env.get("UCXCOMM_STORE"):
+        return _hostport(env["UCXCOMM_STORE"], "UCXCOMM_STORE")
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        return env["MASTER_ADDR"], _int_var(env, "MASTER_PORT")
+    local = env.get(local_size_var)
+    if local is not None and local.isdigit() and int(local) == size:
+        port = (_int_var(env, "UCXCOMM_PORT") if env.get("UCXCOMM_PORT")
+                else _derived_port(f"{convention}-{os.getppid()}"))
+        return "127.0.0.1", port
+    raise BootstrapError(
+        f"{convention} launch across hosts needs the bootstrap store address: set "
+        "UCXCOMM_STORE=host:port (a host every rank can reach; rank 0 serves it) or "
+        "MASTER_ADDR and MASTER_PORT")
+
+
+def detect(env: Mapping[str, str] | None = None, *, rank: int | None = None,
+           size: int | None = None, store: str | None = None) -> WorldSpec:
+    """Work out rank, size and store from arguments, then launcher variables.
+
+    Raises
+    ------
+    BootstrapError
+        A launcher convention is half present, or a value is malformed; the message
+        names what is missing.
+    """
+    env = os.environ if env is None else env
+    token = env.get("UCXCOMM_TOKEN", "")
+    if rank is not None or size is not None or store is not None:
+        if rank is None or size is None:
+            raise BootstrapError("init(): pass both rank= and size= (and store= when size > 1)")
+        if size > 1 and store is None:
+            raise BootstrapError("init(rank=, size=) with size > 1 needs store='host:port'")
+        host, port = _hostport(store, "store") if store else (None, None)
+        return _check(WorldSpec(rank, size, host, port, token or "ucxcomm-explicit",
+                                rank == 0 and size > 1, "explicit"))
+    if "UCXCOMM_RANK" in env or "UCXCOMM_STORE" in env and "UCXCOMM_SIZE" in env:
+        _require(env, ("UCXCOMM_RANK", "UCXCOMM_SIZE", "UCXCOMM_STORE", "UCXCOMM_TOKEN"),
+                 "ucxcomm run")
+        host, port = _hostport(env["UCXCOMM_STORE"], "UCXCOMM_STORE")
+        return _check(WorldSpec(_int_var(env, "UCXCOMM_RANK"), _int_var(env, "UCXCOMM_SIZE"),
+                                host, port, token, False, "ucxcomm"))
+    if "RANK" in env and ("WORLD_SIZE" in env or "MASTER_ADDR" in env):
+        _require(env, ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"), "torchrun")
+        port = (_int_var(env, "UCXCOMM_PORT") if env.get("UCXCOMM_PORT")
+                else _int_var(env, "MASTER_PORT") + 1)
+        rank_ = _int_var(env, "RANK")
+        tok = token or "torchrun-" + env.get("TORCHELASTIC_RUN_ID", env["MASTER_PORT"])
+        return _check(WorldSpec(rank_, _int_var(env, "WORLD_SIZE"), env["MASTER_ADDR"], port,
+                                tok, rank_ == 0, "torchrun"))
+    if "SLURM_PROCID" in env:
+        _require(env, ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODELIST"), "Slurm")
+        hosts = parse_nodelist(env["SLURM_NODELIST"])
+        if not hosts:
+            raise BootstrapError(f"SLURM_NODELIST={env['SLURM_NODELIST']!r} names no host")
+        job = env.get("SLURM_JOB_ID", "0")
+        step = env.get("SLURM_STEP_ID", "0")
+        if env.get("UCXCOMM_PORT"):
+            port = _int_var(env, "UCXCOMM_PORT")
+        else:
+            port = 20000 + (int(job) * 16 + int(step)) % 20000 if job.isdigit() and \
+                step.isdigit() else _derived_port(f"slurm-{job}.{step}")
+        rank_ = _int_var(env, "SLURM_PROCID")
+        return _check(WorldSpec(rank_, _int_var(env, "SLURM_NTASKS"), hosts[0], port,
+                                token or f"slurm-{job}.{step}", rank_ == 0, "slurm"))
+    for convention, rvar, svar, lvar in (
+        ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+         "OMPI_COMM_WORLD_LOCAL_SIZE"),
+        ("MPICH/PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"),
+    ):
+        if rvar in env:
+            _require(env, (rvar, svar), convention)
+            rank_, size_ = _int_var(env, rvar), _int_var(env, svar)
+            host, port = _mpi_store(env, convention, lvar, size_)
+            return _check(WorldSpec(rank_, size_, host, port,
+                                    token or f"{convention}-{host}:{port}", rank_ == 0,
+                                    convention.lower()))
+    return WorldSpec(0, 1, None, None, token, False, "singleton")
+
+
+def _check(spec: WorldSpec) -> WorldSpec:
+    if not 1 <= spec.size <= MAX_RANKS:
+        raise BootstrapError(f"world size {spec.size} is out of range (1..{MAX_RANKS})")
+    if not 0 <= spec.rank < spec.size:
+        raise BootstrapError(f"rank {spec.rank} is out of range for world size {spec.size}")
+    return spec
+
+
+def _bind_host(host: str) -> str:
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return "0.0.0.0"
+    if all(info[4][0].startswith("127.") or info[4][0] == "::1" for info in infos):
+        return infos[0][4][0]
+    return "0.0.0.0"
+
+
+_world: World | None = None
+_lock: asyncio.Lock | None = None
+
+
+async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | None
+                      ) -> World:
+    from ..transport import Worker  # keep `import ucxcomm` free of UCX
+
+    server: StoreServer | None = None
+    client: StoreClient | None = None
+    if spec.size > 1:
+        assert spec.host is not None and spec.port is not None
+        if spec.host_store:
+            server = await StoreServer(spec.token, _bind_host(spec.host), spec.port).start()
+        try:
+            client = await StoreClient.connect(spec.host, spec.port, spec.token, timeout)
+        except BaseException:
+            if server is not None:
+                await server.close()
+            raise
+    worker = Worker(config)
+    try:
+        if client is None:
+            addresses = [worker.address]
+        else:
+            await client.set(f"addr/{spec.rank}", worker.address, timeout)
+            addresses = [await client.get(f"addr/{r}", timeout) for r in range(spec.size)]
+    except BaseException:
+        worker.abort()
+        if client is not None:
+            await client.close()
+        if server is not None:
+            await server.close()
+        raise
+    world = World(worker, spec.rank, spec.size, addresses)
+    if client is not None:
+        client.on_dead = world.peer_failed
+        host_rank = 0 if not spec.source == "ucxcomm" else None
+
+        def lost() -> None:
+            if world.closed:
+                return
+            if host_rank is not None and spec.rank != host_rank:
+                world.peer_failed(host_rank)
+            else:
+                log.warning("rank %d: lost the bootstrap store (launcher gone?)", spec.rank)
+                for r in range(spec.size):
+                    world.peer_failed(r)
+
+        client.on_lost = lost
+        for r in await client.join(spec.rank, timeout):
+            world.peer_failed(r)
+
+        async def leave() -> None:
+            assert client is not None
+            await client.leave()
+            if server is not None:
+                # Serve until the other ranks have left too (bounded).
+                await server.wait_until_gone(spec.size, timeout=10.0)
+            await client.close()
+            if server is not None:
+                await server.close()
+
+        world.closers.append(leave)
+    log.debug("rank %d/%d: world formed via %s", spec.rank, spec.size, spec.source)
+    return world
+
+
+class _Init:
+    """What :func:`init` returns: awaitable, and an async context manager."""
+
+    def __init__(self, kwargs: dict[str, Any]) -> None:
+        self._kwargs = kwargs
+        self._comm: Comm | None = None
+
+    def __await__(self) -> Generator[Any, None, Comm]:
+        return _init(**self._kwargs).__await__()
+
+    async def __aenter__(self) -> Comm:
+        self._comm = await _init(**self._kwargs)
+        return self._comm
+
+    async def __aexit__(self, et: Any, exc: Any, tb: Any) -> None:
+        assert self._comm is not None
+        if et is None:
+            await finalize()
+        else:
+            _abort()
+
+
+def init(*, rank: int | None = None, size: int | None = None, store: str | None = None,
+         timeout: float | None = None, ucx_config: dict[str, str] | None = None) -> _Init:
+    """Join the world and return its communicator (``comm.rank``, ``comm.size``).
+
+    ``await ucxcomm.init()`` or ``async with ucxcomm.init() as comm``. Idempotent: a
+    second call returns the same communicator.
+
+    Parameters
+    ----------
+    rank, size, store : optional
+        Explicit placement (``store="host:port"``; rank 0 serves it). Otherwise read
+        from the launcher's environment (module docstring); no launcher: size 1.
+    timeout : float, optional
+        Deadline for the bootstrap (``UCXCOMM_TIMEOUT``, default 120 s).
+    ucx_config : dict, optional
+        Extra UCX context options (``{"TLS": "tcp,self"}``); ``UCX_*`` variables win.
+
+    Raises
+    ------
+    BootstrapError
+        Missing/malformed launcher variables, refused token, unreachable store.
+    CommTimeoutError
+        The world did not form within ``timeout``.
+    """
+    return _Init(dict(rank=rank, size=size, store=store, timeout=timeout,
+                      ucx_config=ucx_config))
+
+
+async def _init(*, rank: int | None, size: int | None, store: str | None,
+                timeout: float | None, ucx_config: dict[str, str] | None) -> Comm:
+    global _world, _lock
+    if _world is not None and not _world.closed:
+        return _world.comm
+    if _lock is None:
+        _lock = asyncio.Lock()
+    async with _lock:
+        if _world is not None and not _world.closed:
+            return _world.comm
+        spec = detect(rank=rank, size=size, store=store)
+        if timeout is None:
+            timeout = float(os.environ.get("UCXCOMM_TIMEOUT", DEFAULT_TIMEOUT))
+        _world = await _form_world(spec, timeout, ucx_config)
+        return _world.comm
+
+
+async def finalize() -> None:
+    """Close the world communicator (collective); a later :func:`init` starts anew."""
+    global _world, _lock
+    world, _world, _lock = _world, None, None
+    if world is not None:
+        await world.comm.close()
+
+
+def _abort() -> None:
+    global _world, _lock
+    world, _world, _lock = _world, None, None
+    if world is not None:
+        world.comm.abort()

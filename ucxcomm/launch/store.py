@@ -1,0 +1,325 @@
+"""A small token-protected TCP key-value store for forming the world (asyncio streams).
+
+Wire format: each frame is a 4-byte big-endian length followed by a JSON object. The
+first frame a client sends must be ``{"op": "auth", "token": ...}``; a client with the
+wrong token (or none) is answered with an error and disconnected before it can read
+or write any key. Values are bytes (base64 on the wire).
+
+Beyond ``set``/``get`` (``get`` waits until the key exists) and ``add`` (a counter), a
+client may ``join`` as a rank: its connection then doubles as a liveness watch. If it
+drops without ``leave``, every other client receives ``{"event": "dead", "rank": r}``.
+This is how ranks learn that a peer died without giving up UCX shared memory (UCX
+peer error handling would pin endpoints to TCP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import logging
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import BootstrapError, CommTimeoutError
+
+__all__ = ["StoreClient", "StoreServer"]
+
+log = logging.getLogger(__name__)
+
+_HDR = struct.Struct("!I")
+MAX_FRAME = 16 << 20
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> dict:
+    hdr = await reader.readexactly(_HDR.size)
+    (n,) = _HDR.unpack(hdr)
+    if n > MAX_FRAME:
+        raise ValueError(f"store frame of {n} bytes is too large")
+    return json.loads(await reader.readexactly(n))
+
+
+def _encode(msg: dict) -> bytes:
+    data = json.dumps(msg, separators=(",", ":")).encode()
+    return _HDR.pack(len(data)) + data
+
+
+def _b64(value: bytes) -> str:
+    return base64.b64encode(value).decode()
+
+
+class StoreServer:
+    """The store's server side. Start with :meth:`start`; stop with :meth:`close`.
+
+    Parameters
+    ----------
+    token : str
+        Shared secret every client must present.
+    host : str
+        Address to bind (``"0.0.0.0"`` for all interfaces).
+    port : int
+        Port to bind; 0 picks a free one (see :attr:`port`).
+    """
+
+    def __init__(self, token: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        if not token:
+            raise ValueError("the store needs a non-empty token")
+        self._token = token.encode()
+        self._host, self._port = host, port
+        self._data: dict[str, bytes] = {}
+        self._waiters: dict[str, list[asyncio.Future]] = {}
+        self._clients: set[asyncio.StreamWriter] = set()
+        self._ranks: dict[asyncio.StreamWriter, int] = {}
+        self._server: asyncio.base_events.Server | None = None
+        self.dead: list[int] = []
+        self.left: list[int] = []
+        self._gone_waiters: list[asyncio.Future] = []
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def start(self) -> StoreServer:
+        try:
+            self._server = await asyncio.start_server(
+                self._serve, self._host, self._port, reuse_address=True)
+        except OSError as exc:
+            raise BootstrapError(
+                f"cannot host the bootstrap store on {self._host}:{self._port}: {exc}"
+            ) from exc
+        return self
+
+    async def wait_until_gone(self, nranks: int, timeout: float) -> None:
+        """Return once ``nranks`` joined ranks have left or died (or after ``timeout``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(self.left) + len(self.dead) < nranks and loop.time() < deadline:
+            fut = loop.create_future()
+            self._gone_waiters.append(fut)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                    await fut
+
+    def _notify_gone(self) -> None:
+        waiters, self._gone_waiters = self._gone_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def close(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        for w in list(self._clients):
+            w.close()
+        with contextlib.suppress(Exception):
+            await self._server.wait_closed()
+        self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            msg = await asyncio.wait_for(_read_frame(reader), 10)
+            token = str(msg.get("token", "")).encode() if msg.get("op") == "auth" else b""
+            if not hmac.compare_digest(token, self._token):
+                peer = writer.get_extra_info("peername")
+                log.warning("store: refused a client without the job token from %s", peer)
+                writer.write(_encode({"ok": False, "error": "bad or missing job token"}))
+                await writer.drain()
+                return
+            writer.write(_encode({"ok": True}))
+            self._clients.add(writer)
+            while True:
+                msg = await _read_frame(reader)
+                await self._handle(msg, writer)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError,
+                ValueError):
+            pass
+        finally:
+            self._clients.discard(writer)
+            rank = self._ranks.pop(writer, None)
+            if rank is not None:
+                self.dead.append(rank)
+                log.info("store: rank %d disconnected without leaving", rank)
+                event = _encode({"event": "dead", "rank": rank})
+                for w in list(self._clients):
+                    with contextlib.suppress(Exception):
+                        w.write(event)
+                self._notify_gone()
+            writer.close()
+
+    async def _handle(self, msg: dict, writer: asyncio.StreamWriter) -> None:
+        op, rid = msg.get("op"), msg.get("id")
+        if op == "set":
+            key = msg["key"]
+            self._data[key] = base64.b64decode(msg["value"])
+            for fut in self._waiters.pop(key, []):
+                if not fut.done():
+                    fut.set_result(None)
+            writer.write(_encode({"id": rid, "ok": True}))
+        elif op == "get":
+            # Answer asynchronously so one waiting get never blocks this connection.
+            asyncio.get_running_loop().create_task(self._get(msg["key"], rid, writer))
+        elif op == "add":
+            key = msg["key"]
+            value = int(self._data.get(key, b"0")) + int(msg["amount"])
+            self._data[key] = str(value).encode()
+            for fut in self._waiters.pop(key, []):
+                if not fut.done():
+                    fut.set_result(None)
+            writer.write(_encode({"id": rid, "ok": True, "value": value}))
+        elif op == "join":
+            self._ranks[writer] = int(msg["rank"])
+            writer.write(_encode({"id": rid, "ok": True, "dead": self.dead}))
+        elif op == "leave":
+            rank = self._ranks.pop(writer, None)
+            if rank is not None:
+                self.left.append(rank)
+                self._notify_gone()
+            writer.write(_encode({"id": rid, "ok": True}))
+        else:
+            writer.write(_encode({"id": rid, "ok": False, "error": f"unknown op {op!r}"}))
+
+    async def _get(self, key: str, rid: Any, writer: asyncio.StreamWriter) -> None:
+        while key not in self._data:
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(key, []).append(fut)
+            await fut
+        with contextlib.suppress(Exception):
+            writer.write(_encode({"id": rid, "ok": True, "value": _b64(self._data[key])}))
+
+
+class StoreClient:
+    """Client of :class:`StoreServer`. Create with :meth:`connect`.
+
+    ``on_dead(rank)`` is called (on the event loop) when the store reports that a
+    joined rank dropped without leaving.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 address: str) -> None:
+        self._reader, self._writer = reader, writer
+        self.address = address
+        self._next = 0
+        self._pending: dict[int, asyncio.Future] = {}
+        self.on_dead: Callable[[int], None] | None = None
+        self.on_lost: Callable[[], None] | None = None
+        self._leaving = False
+        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @classmethod
+    async def connect(cls, host: str, port: int, token: str, timeout: float = 60.0
+                      ) -> StoreClient:
+        """Connect (retrying while the store is not up yet) and authenticate.
+
+        Raises
+        ------
+        BootstrapError
+            The store refused the token.
+        CommTimeoutError
+            The store could not be reached within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        last: BaseException | None = None
+        while True:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port), max(0.1, deadline - time.monotonic()))
+                break
+            except (OSError, asyncio.TimeoutError) as exc:
+                last = exc
+            if time.monotonic() + delay > deadline:
+                raise CommTimeoutError(
+                    f"bootstrap store {host}:{port} unreachable for {timeout:g} s: {last}")
+            await asyncio.sleep(delay)  # retry backoff, not a wait for a condition
+            delay = min(delay * 2, 0.5)
+        writer.write(_encode({"op": "auth", "token": token}))
+        try:
+            reply = await asyncio.wait_for(_read_frame(reader), timeout)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            writer.close()
+            raise BootstrapError(f"bootstrap store {host}:{port} closed the connection") \
+                from exc
+        if not reply.get("ok"):
+            writer.close()
+            raise BootstrapError(f"bootstrap store {host}:{port} refused us: "
+                                 f"{reply.get('error')} (check UCXCOMM_TOKEN)")
+        return cls(reader, writer, f"{host}:{port}")
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                msg = await _read_frame(self._reader)
+                if "event" in msg:
+                    if msg["event"] == "dead" and self.on_dead is not None:
+                        self.on_dead(int(msg["rank"]))
+                    continue
+                fut = self._pending.pop(msg.get("id"), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            pass
+        finally:
+            err = BootstrapError(f"lost the connection to the bootstrap store {self.address}")
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(err)
+            self._pending.clear()
+            if not self._leaving and self.on_lost is not None:
+                self.on_lost()
+
+    async def _call(self, msg: dict, timeout: float | None) -> dict:
+        if self._task.done():
+            raise BootstrapError(f"no connection to the bootstrap store {self.address}")
+        self._next += 1
+        msg["id"] = self._next
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[self._next] = fut
+        self._writer.write(_encode(msg))
+        try:
+            async with asyncio.timeout(timeout):
+                reply = await fut
+        except TimeoutError:
+            self._pending.pop(msg["id"], None)
+            raise CommTimeoutError(
+                f"bootstrap store {self.address}: {msg['op']} {msg.get('key', '')!r} "
+                f"got no answer in {timeout:g} s") from None
+        if not reply.get("ok"):
+            raise BootstrapError(f"bootstrap store error: {reply.get('error')}")
+        return reply
+
+    async def set(self, key: str, value: bytes, timeout: float | None = 60.0) -> None:
+        await self._call({"op": "set", "key": key, "value": _b64(value)}, timeout)
+
+    async def get(self, key: str, timeout: float | None = 60.0) -> bytes:
+        """The value of ``key``, waiting until some client sets it."""
+        reply = await self._call({"op": "get", "key": key}, timeout)
+        return base64.b64decode(reply["value"])
+
+    async def add(self, key: str, amount: int = 1, timeout: float | None = 60.0) -> int:
+        reply = await self._call({"op": "add", "key": key, "amount": amount}, timeout)
+        return int(reply["value"])
+
+    async def join(self, rank: int, timeout: float | None = 60.0) -> list[int]:
+        """Register this connection as ``rank``'s liveness watch; returns ranks already dead."""
+        reply = await self._call({"op": "join", "rank": rank}, timeout)
+        return [int(r) for r in reply.get("dead", [])]
+
+    async def leave(self, timeout: float | None = 10.0) -> None:
+        self._leaving = True
+        with contextlib.suppress(Exception):
+            await self._call({"op": "leave"}, timeout)
+
+    async def close(self) -> None:
+        self._leaving = True
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+        self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._task
