@@ -1,0 +1,56 @@
+"""The ``ucxcomm`` command: ``run``, ``info``; the only module that parses argv or prints."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _info(as_json: bool) -> int:
+    from .transport import info as tinfo
+
+    report = asyncio.run(tinfo.collect())
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return 0
+    width = max(len(k) for k in report)
+    for key, value in report.items():
+        if isinstance(value, list):
+            value = ", ".join(map(str, value)) or "-"
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ucxcomm", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="start N ranks of a program on this machine")
+    run.add_argument("-n", "--np", type=int, required=True, dest="n", help="number of ranks")
+    run.add_argument("--timeout", type=float, default=None,
+                     help="kill the job (stack dumps first) after this many seconds")
+    run.add_argument("--tag-output", action="store_true", help="prefix output lines with [rank]")
+    run.add_argument("prog", nargs=argparse.REMAINDER, help="program and its arguments")
+    info = sub.add_parser("info", help="UCX version, library, transports, CUDA support")
+    info.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.cmd == "run":
+        from .launch.launcher import run_job
+
+        prog = args.prog[1:] if args.prog[:1] == ["--"] else args.prog
+        if args.n < 1:
+            parser.error("-n must be >= 1")
+        if not prog:
+            parser.error("no program given")
+        return run_job(args.n, prog, tag_output=args.tag_output, timeout=args.timeout)
+    if args.cmd == "info":
+        return _info(args.json)
+    return 2  # pragma: no cover
+
+
+if __name__ == "__main__":
+    sys.exit(main())

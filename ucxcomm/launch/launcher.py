@@ -1,0 +1,157 @@
+"""``ucxcomm run``: start N local ranks like mpirun, and never leave one behind.
+
+The launcher hosts the bootstrap store, gives each rank ``UCXCOMM_RANK``/``SIZE``/
+``STORE``/``TOKEN``, forwards output (optionally prefixed ``[rank]``), and ends the job
+when the first rank fails: the others get SIGTERM, then SIGKILL after a grace period.
+The job's exit code is the first failing rank's (128+signal for a signal); ranks that
+exit 0 do not end the job. SIGINT/SIGTERM to the launcher reach every rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import sys
+from collections.abc import Sequence
+
+from .store import StoreServer
+
+__all__ = ["run_job"]
+
+KILL_GRACE_S = 5.0
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _command(argv: Sequence[str]) -> list[str]:
+    if argv and argv[0].endswith(".py"):
+        return [sys.executable, *argv]
+    return list(argv)
+
+
+class _Job:
+    def __init__(self, nprocs: int, argv: Sequence[str], tag_output: bool,
+                 timeout: float | None) -> None:
+        self.nprocs, self.cmd = nprocs, _command(argv)
+        self.tag_output, self.timeout = tag_output, timeout
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.code: int | None = None
+        self.stopping = False
+        self.pumps: list[asyncio.Task] = []
+
+    def _say(self, msg: str) -> None:
+        sys.stderr.write(f"ucxcomm run: {msg}\n")
+        sys.stderr.flush()
+
+    def signal_all(self, sig: int) -> None:
+        for p in self.procs:
+            if p.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, sig)
+
+    async def stop(self, first_sig: int = signal.SIGTERM) -> None:
+        """Signal every live rank, then SIGKILL whatever is left after the grace period."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self.signal_all(first_sig)
+        waits = [asyncio.ensure_future(p.wait()) for p in self.procs]
+        _, pending = await asyncio.wait(waits, timeout=KILL_GRACE_S)
+        if pending:
+            self.signal_all(signal.SIGKILL)
+            await asyncio.wait(pending)
+
+    async def _pump(self, stream: asyncio.StreamReader, rank: int, out: object) -> None:
+        prefix = f"[{rank}] ".encode()
+        buf = out.buffer  # type: ignore[attr-defined]
+        while True:
+            line = await stream.readline()
+            if not line:
+                return
+            buf.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+            buf.flush()
+
+    async def _watch(self, rank: int, proc: asyncio.subprocess.Process) -> None:
+        rc = await proc.wait()
+        if rc != 0 and self.code is None and not self.stopping:
+            self.code = _exit_code(rc)
+            how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+            self._say(f"rank {rank} failed ({how}); stopping the other ranks")
+            await self.stop()
+
+    async def run(self) -> int:
+        token = secrets.token_hex(16)
+        server = await StoreServer(token, "127.0.0.1", 0).start()
+        loop = asyncio.get_running_loop()
+        try:
+            base = dict(os.environ)
+            base.setdefault("PYTHONFAULTHANDLER", "1")
+            base.update(UCXCOMM_SIZE=str(self.nprocs), UCXCOMM_STORE=f"127.0.0.1:{server.port}",
+                        UCXCOMM_TOKEN=token, UCXCOMM_LOCAL_SIZE=str(self.nprocs))
+            pipe = asyncio.subprocess.PIPE if self.tag_output else None
+            for rank in range(self.nprocs):
+                env = dict(base, UCXCOMM_RANK=str(rank), UCXCOMM_LOCAL_RANK=str(rank))
+                try:
+                    proc = await asyncio.create_subprocess_exec(
+                        *self.cmd, env=env, stdout=pipe, stderr=pipe, stdin=None,
+                        start_new_session=True)
+                except OSError as exc:
+                    self._say(f"cannot start {self.cmd[0]!r}: {exc}")
+                    self.code = 127
+                    await self.stop()
+                    return 127
+                self.procs.append(proc)
+                if self.tag_output:
+                    assert proc.stdout is not None and proc.stderr is not None
+                    self.pumps.append(asyncio.ensure_future(
+                        self._pump(proc.stdout, rank, sys.stdout)))
+                    self.pumps.append(asyncio.ensure_future(
+                        self._pump(proc.stderr, rank, sys.stderr)))
+
+            def on_signal(sig: int) -> None:
+                if self.code is None:
+                    self.code = 128 + sig
+                self._say(f"got signal {sig}; forwarding to all ranks")
+                self.signal_all(sig)
+                loop.create_task(self.stop(sig))
+
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, on_signal, sig)
+            watchers = [asyncio.ensure_future(self._watch(r, p))
+                        for r, p in enumerate(self.procs)]
+            done, _ = await asyncio.wait(watchers, timeout=self.timeout)
+            if len(done) < len(watchers):
+                self._say(f"timed out after {self.timeout:g} s; dumping stacks and "
+                          "stopping all ranks")
+                if self.code is None:
+                    self.code = 124
+                # PYTHONFAULTHANDLER=1 makes Python ranks print every thread's stack on
+                # SIGABRT; with --tag-output each line carries the rank.
+                await self.stop(signal.SIGABRT)
+                await asyncio.wait(watchers)
+            if self.pumps:
+                await asyncio.wait(self.pumps, timeout=KILL_GRACE_S)
+            return self.code or 0
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(Exception):
+                    loop.remove_signal_handler(sig)
+            if any(p.returncode is None for p in self.procs):
+                self.stopping = False
+                await self.stop(signal.SIGKILL)
+            await server.close()
+
+
+def run_job(nprocs: int, argv: Sequence[str], *, tag_output: bool = False,
+            timeout: float | None = None) -> int:
+    """Run ``argv`` as ``nprocs`` ranks on this machine; returns the job's exit code."""
+    if nprocs < 1:
+        raise ValueError(f"-n must be >= 1, got {nprocs}")
+    if not argv:
+        raise ValueError("no program to run")
+    return asyncio.run(_Job(nprocs, argv, tag_output, timeout).run())
