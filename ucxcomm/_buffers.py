@@ -6,7 +6,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BufferSpec", "as_recv_buffer", "as_send_buffer", "prefix", "scratch_like"]
+try:
+    from numpy import ndarray as _ndarray
+except ImportError:  # pragma: no cover - numpy is a dependency
+    _ndarray = None
+
+__all__ = ["BufferSpec", "as_recv_buffer", "as_send_buffer", "host_bytes", "prefix", "scratch_like"]
 
 _KDLCPU = 1
 _KDLCUDA = 2
@@ -81,12 +86,20 @@ def _from_dlpack(obj: Any, what: str) -> Any:
 
 
 def _adapt(obj: Any, *, writable: bool, what: str) -> BufferSpec:
+    # Fast paths first: these are on every message's critical path.
+    t = type(obj)
+    if t is bytearray or (t is bytes and not writable):
+        return BufferSpec(obj, len(obj), False)
+    if t is _ndarray:
+        flags = obj.flags
+        if flags.c_contiguous and (flags.writeable or not writable):
+            return BufferSpec(obj, obj.nbytes, False)
     if obj is None:
         raise TypeError(f"{what}: expected a buffer (numpy/cupy array, bytearray, "
                         "memoryview, ...), got None")
     iface = getattr(obj, "__cuda_array_interface__", None)
     if iface is not None:
-        ptr, readonly = iface["data"]
+        _, readonly = iface["data"]
         if writable and readonly:
             raise ValueError(f"{what}: the GPU receive buffer is read-only")
         nbytes = _cuda_iface_nbytes(iface, what)
@@ -159,7 +172,17 @@ def prefix(spec: BufferSpec, nbytes: int) -> BufferSpec:
     if spec.device:
         ptr = spec.obj.__cuda_array_interface__["data"][0]
         return BufferSpec(_DeviceBytes(ptr, nbytes, spec.obj), nbytes, True)
-    return BufferSpec(spec.obj[:nbytes], nbytes, False)
+    return BufferSpec(host_bytes(spec)[:nbytes], nbytes, False)
+
+
+def host_bytes(spec: BufferSpec) -> Any:
+    """A flat, byte-indexed view of a host buffer (no copy)."""
+    obj = spec.obj
+    if _ndarray is not None and isinstance(obj, _ndarray):
+        import numpy as np
+
+        return obj.reshape(-1).view(np.uint8)
+    return memoryview(obj).cast("B")
 
 
 def scratch_like(spec: BufferSpec, nbytes: int) -> BufferSpec:

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from .._buffers import BufferSpec, as_recv_buffer, as_send_buffer, prefix, scratch_like
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError
 from .request import Request, Status
 from .tags import (
@@ -131,6 +130,8 @@ class Comm:
         self.size = len(group)
         self._peers_all = frozenset(group)
         self._peer_sets = [frozenset((g,)) for g in group]
+        self._eps: list[Any] = [None] * self.size
+        self._p2p_base = make_tag(cid, KIND_P2P, self.rank, 0)
         self._frame_seq = [0] * self.size
         self._coll_seq = 0
         self._closed = False
@@ -144,7 +145,8 @@ class Comm:
             raise ClosedError(f"{self!r} is closed")
 
     def _check_peer(self, rank: Any, what: str, allow_any: bool = False) -> int:
-        rank = _check_int(rank, what)
+        if type(rank) is not int:
+            rank = _check_int(rank, what)
         if allow_any and rank == ANY_SOURCE:
             return rank
         if not 0 <= rank < self.size:
@@ -154,7 +156,8 @@ class Comm:
 
     @staticmethod
     def _check_tag(tag: Any, allow_any: bool = False) -> int:
-        tag = _check_int(tag, "tag")
+        if type(tag) is not int:
+            tag = _check_int(tag, "tag")
         if allow_any and tag == ANY_TAG:
             return tag
         if not 0 <= tag <= TAG_UB:
@@ -163,17 +166,45 @@ class Comm:
         return tag
 
     def _ep(self, dest: int) -> Any:
-        return self._world.endpoint(self._group[dest])
+        ep = self._eps[dest]
+        if ep is None:
+            ep = self._eps[dest] = self._world.endpoint(self._group[dest])
+        return ep
+
+    def _check_recv(self, source: Any, tag: Any) -> tuple[int, int]:
+        self._check_open()
+        return (self._check_peer(source, "source", allow_any=True),
+                self._check_tag(tag, allow_any=True))
+
+    def _match(self, kind: int, source: int, tag: int) -> tuple[int, int, frozenset]:
+        """UCX (tag, mask) and the peers a receive depends on."""
+        peers = self._peers_all if source == ANY_SOURCE else self._peer_sets[source]
+        return (make_tag(self._cid, kind, max(source, 0), max(tag, 0)),
+                make_mask(source, tag), peers)
+
+    def _status(self, stag: int, nbytes: int) -> Status:
+        source, tag = split_tag(stag)
+        return Status(source, tag, nbytes)
+
+    async def _await_recv(self, fut: asyncio.Future) -> Any:
+        """Await a receive future; on cancellation withdraw it, or, if it already
+        matched a message, wait until that message is fully consumed."""
+        try:
+            return await self._worker.complete(fut)
+        except asyncio.CancelledError:
+            if not self._worker.cancel(fut):
+                await self._worker.settle(fut)
+            raise
 
     # ------------------------------------------------------- buffer messages
-    def _post_send(self, spec: BufferSpec, dest: int, kind: int, tag: int) -> Any:
-        return self._ep(dest).isend_spec(spec, make_tag(self._cid, kind, self.rank, tag))
-
-    def _check_send(self, buf: Any, dest: Any, tag: Any) -> tuple[BufferSpec, int, int]:
-        self._check_open()
-        dest = self._check_peer(dest, "dest")
-        tag = self._check_tag(tag)
-        return as_send_buffer(buf), dest, tag
+    def _post_send(self, buf: Any, dest: Any, tag: Any) -> Any:
+        if self._closed or self._world.closed:
+            raise ClosedError(f"{self!r} is closed")
+        if type(dest) is not int or not 0 <= dest < self.size:
+            dest = self._check_peer(dest, "dest")
+        if type(tag) is not int or not 0 <= tag <= TAG_UB:
+            tag = self._check_tag(tag)
+        return self._ep(dest).isend(buf, self._p2p_base | tag)
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         """Start sending ``buf`` to ``dest``; returns a :class:`Request`.
@@ -184,8 +215,7 @@ class Comm:
             Bad buffer, rank or tag (before anything is sent).
         ClosedError, PeerFailure
         """
-        spec, dest, tag = self._check_send(buf, dest, tag)
-        fut = self._post_send(spec, dest, KIND_P2P, tag)
+        fut = self._post_send(buf, dest, tag)
         return Request.completed() if fut is None else Request(fut)
 
     async def Send(self, buf: Any, dest: int, tag: int = 0, *,
@@ -201,53 +231,27 @@ class Comm:
             Bad buffer, rank or tag (before anything is sent).
         ClosedError, PeerFailure, CommTimeoutError
         """
-        spec, dest, tag = self._check_send(buf, dest, tag)
-        fut = self._post_send(spec, dest, KIND_P2P, tag)
+        fut = self._post_send(buf, dest, tag)
         if fut is not None:
-            await _with_timeout(fut, timeout, "Send")
+            if timeout is None:
+                await self._worker.complete(fut)
+            else:
+                await _with_timeout(self._worker.complete(fut), timeout, "Send")
 
-    def _post_recv(self, spec: BufferSpec, source: int, kind: int, tag: int
-                   ) -> asyncio.Future:
-        peers = self._peers_all if source == ANY_SOURCE else self._peer_sets[source]
+    def _post_recv(self, buf: Any, source: Any, tag: Any, kind: int = KIND_P2P) -> Any:
+        target = self._worker.recv_ptr(buf)  # validates the buffer first
+        source, tag = self._check_recv(source, tag)
+        return self._worker.recv_into(target, *self._match(kind, source, tag))
 
-        def alloc(nbytes: int, _stag: int) -> BufferSpec:
-            if nbytes <= spec.nbytes:
-                return prefix(spec, nbytes)
-            return scratch_like(spec, nbytes)
-
-        return self._worker.probe_recv(
-            make_tag(self._cid, kind, max(source, 0), max(tag, 0)),
-            make_mask(source, tag), alloc, peers)
-
-    def _status(self, stag: int, nbytes: int) -> Status:
-        source, tag = split_tag(stag)
-        return Status(source, tag, nbytes)
-
-    def _finish_recv(self, spec: BufferSpec, result: tuple[int, int, BufferSpec]) -> Status:
-        stag, nbytes, got = result
+    def _recv_status(self, result: tuple[int, int, int]) -> Status:
+        stag, nbytes, cap = result
         status = self._status(stag, nbytes)
-        if nbytes > spec.nbytes:
-            _copy_prefix(spec, got)
+        if nbytes > cap:
             raise TruncationError(
                 f"message of {nbytes} bytes from rank {status.source} (tag {status.tag}) "
-                f"truncated to the {spec.nbytes}-byte receive buffer",
-                nbytes=nbytes, capacity=spec.nbytes, status=status)
+                f"truncated to the {cap}-byte receive buffer",
+                nbytes=nbytes, capacity=cap, status=status)
         return status
-
-    async def _await_recv(self, fut: asyncio.Future) -> Any:
-        """Await a receive future; on cancellation withdraw it, or, if it already
-        matched a message, wait until that message is fully consumed."""
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if not self._worker.cancel(fut):
-                await self._worker.settle(fut)
-            raise
-
-    def _check_recv(self, source: Any, tag: Any) -> tuple[int, int]:
-        self._check_open()
-        return (self._check_peer(source, "source", allow_any=True),
-                self._check_tag(tag, allow_any=True))
 
     async def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
                    timeout: float | None = None) -> Status:
@@ -262,24 +266,30 @@ class Comm:
             Non-contiguous or read-only buffer, bad rank or tag.
         ClosedError, PeerFailure, CommTimeoutError
         """
-        spec = as_recv_buffer(buf)
-        source, tag = self._check_recv(source, tag)
-        fut = self._post_recv(spec, source, KIND_P2P, tag)
-        if fut.done():
-            return self._finish_recv(spec, fut.result())
-        result = await _with_timeout(self._await_recv(fut), timeout, "Recv")
-        return self._finish_recv(spec, result)
+        res = self._post_recv(buf, source, tag)
+        if type(res) is not tuple:
+            if timeout is None:
+                res = await self._await_recv(res)
+            else:
+                res = await _with_timeout(self._await_recv(res), timeout, "Recv")
+        return self._recv_status(res)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        """Start receiving into ``buf``; awaiting the request gives a :class:`Status`."""
-        spec = as_recv_buffer(buf)
-        source, tag = self._check_recv(source, tag)
-        fut = self._post_recv(spec, source, KIND_P2P, tag)
-        task = asyncio.ensure_future(self._irecv_buffer(spec, fut))
-        return Request(task, lambda: self._worker.cancel(fut))
+        """Start receiving into ``buf``; awaiting the request gives a :class:`Status`.
 
-    async def _irecv_buffer(self, spec: BufferSpec, fut: asyncio.Future) -> Status:
-        return self._finish_recv(spec, await self._await_recv(fut))
+        ``req.cancel()`` withdraws it if no message matched yet.
+        """
+        res = self._post_recv(buf, source, tag)
+        if type(res) is tuple:
+            try:
+                return Request.completed(self._recv_status(res))
+            except TruncationError as exc:
+                return Request.failed(exc)
+        task = asyncio.ensure_future(self._irecv_buffer(res))
+        return Request(task, lambda: self._worker.cancel(res))
+
+    async def _irecv_buffer(self, fut: asyncio.Future) -> Status:
+        return self._recv_status(await self._await_recv(fut))
 
     # ------------------------------------------------------- object messages
     def _post_send_obj(self, obj: Any, dest: int, kind: int, tag: int) -> list[Any]:
@@ -291,29 +301,25 @@ class Comm:
         except BufferError:  # a non-contiguous out-of-band buffer: fall back to in-band
             data, raws = pickle.dumps(obj, protocol=5), []
         ep = self._ep(dest)
+        utag = make_tag(self._cid, kind, self.rank, tag)
         if not raws:
-            msg = b"\x00" + data
-            return [ep.isend_spec(as_send_buffer(msg),
-                                  make_tag(self._cid, kind, self.rank, tag))]
+            return [ep.isend(b"\x00" + data, utag)]
         seq = self._frame_seq[dest]
         self._frame_seq[dest] = (seq + 1) & TAG_UB
         head = _HDR.pack(_FRAMED, len(raws), seq) + struct.pack(
             f"<{len(raws)}Q", *(r.nbytes for r in raws))
-        futs = [ep.isend_spec(as_send_buffer(head + data),
-                              make_tag(self._cid, kind, self.rank, tag))]
+        futs = [ep.isend(head + data, utag)]
         ftag = make_tag(self._cid, KIND_FRAMES, self.rank, seq)
-        futs.extend(ep.isend_spec(as_send_buffer(r), ftag) for r in raws)
+        futs.extend(ep.isend(r, ftag) for r in raws)
         return futs
 
-    def _post_recv_obj(self, source: int, kind: int, tag: int) -> asyncio.Future:
-        peers = self._peers_all if source == ANY_SOURCE else self._peer_sets[source]
-        return self._worker.probe_recv(
-            make_tag(self._cid, kind, max(source, 0), max(tag, 0)), make_mask(source, tag),
-            _alloc_bytes, peers)
+    def _post_recv_obj(self, source: int, kind: int, tag: int) -> Any:
+        return self._worker.recv_alloc(*self._match(kind, source, tag))
 
-    async def _finish_recv_obj(self, fut: asyncio.Future) -> tuple[Any, Status]:
-        stag, nbytes, spec = await self._await_recv(fut)
-        data = spec.obj
+    async def _finish_recv_obj(self, res: Any) -> tuple[Any, Status]:
+        if type(res) is not tuple:
+            res = await self._await_recv(res)
+        stag, nbytes, data = res
         status = self._status(stag, nbytes)
         if data[0] == _INLINE:
             return pickle.loads(data[1:]), status
@@ -322,16 +328,20 @@ class Comm:
         payload = data[_HDR.size + 8 * nframes:]
         ftag = make_tag(self._cid, KIND_FRAMES, status.source, seq)
         peers = self._peer_sets[status.source]
+        worker = self._worker
         buffers = [np.empty(n, dtype=np.uint8) for n in sizes]
-        futs = [self._worker.tag_recv(as_recv_buffer(b), ftag, _FULL, peers) for b in buffers]
+        futs = [worker.tag_recv(worker.recv_ptr(b), ftag, _FULL, peers) for b in buffers]
         pending = [f for f in futs if f is not None]
         if pending:
             try:
-                await asyncio.gather(*pending)
+                if len(pending) == 1:
+                    await worker.complete(pending[0])
+                else:
+                    await asyncio.gather(*pending)
             except asyncio.CancelledError:
                 # The header is consumed: take the payload too, so nothing is left half read.
                 for f in pending:
-                    await self._worker.settle(f)
+                    await worker.settle(f)
                 raise
         total = nbytes + sum(sizes)
         return pickle.loads(payload, buffers=buffers), Status(status.source, status.tag, total)
@@ -350,7 +360,9 @@ class Comm:
         dest = self._check_peer(dest, "dest")
         tag = self._check_tag(tag)
         futs = [f for f in self._post_send_obj(obj, dest, KIND_P2P, tag) if f is not None]
-        if futs:
+        if len(futs) == 1:
+            await _with_timeout(self._worker.complete(futs[0]), timeout, "send")
+        elif futs:
             await _with_timeout(asyncio.gather(*futs), timeout, "send")
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
@@ -372,19 +384,27 @@ class Comm:
         ClosedError, PeerFailure, CommTimeoutError
         """
         source, tag = self._check_recv(source, tag)
-        fut = self._post_recv_obj(source, KIND_P2P, tag)
-        obj, status = await _with_timeout(self._finish_recv_obj(fut), timeout, "recv")
+        res = self._post_recv_obj(source, KIND_P2P, tag)
+        if timeout is None:
+            obj, status = await self._finish_recv_obj(res)
+        else:
+            obj, status = await _with_timeout(self._finish_recv_obj(res), timeout, "recv")
         return (obj, status) if return_status else obj
 
     def irecv(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        """Start receiving an object; awaiting the request gives the object."""
-        source, tag = self._check_recv(source, tag)
-        fut = self._post_recv_obj(source, KIND_P2P, tag)
-        task = asyncio.ensure_future(self._irecv_obj(fut))
-        return Request(task, lambda: self._worker.cancel(fut))
+        """Start receiving an object; awaiting the request gives the object.
 
-    async def _irecv_obj(self, fut: asyncio.Future) -> Any:
-        return (await self._finish_recv_obj(fut))[0]
+        ``req.cancel()`` withdraws it if no message matched yet.
+        """
+        source, tag = self._check_recv(source, tag)
+        res = self._post_recv_obj(source, KIND_P2P, tag)
+        task = asyncio.ensure_future(self._irecv_obj(res))
+        if type(res) is tuple:
+            return Request(task)
+        return Request(task, lambda: self._worker.cancel(res))
+
+    async def _irecv_obj(self, res: Any) -> Any:
+        return (await self._finish_recv_obj(res))[0]
 
     async def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0,
                        source: int = ANY_SOURCE, recvtag: int = ANY_TAG, *,
@@ -396,10 +416,10 @@ class Comm:
         source, recvtag = self._check_recv(source, recvtag)
         futs = [f for f in self._post_send_obj(sendobj, dest, KIND_P2P, sendtag)
                 if f is not None]
-        rfut = self._post_recv_obj(source, KIND_P2P, recvtag)
+        rres = self._post_recv_obj(source, KIND_P2P, recvtag)
 
         async def both() -> tuple[Any, Status]:
-            got = await self._finish_recv_obj(rfut)
+            got = await self._finish_recv_obj(rres)
             if futs:
                 await asyncio.gather(*futs)
             return got
@@ -411,17 +431,16 @@ class Comm:
                        sendtag: int = 0, recvtag: int = ANY_TAG, *,
                        timeout: float | None = None) -> Status:
         """Buffer form of :meth:`sendrecv`; returns the receive's :class:`Status`."""
-        spec, dest, sendtag = self._check_send(sendbuf, dest, sendtag)
-        rspec = as_recv_buffer(recvbuf)
+        rtarget = self._worker.recv_ptr(recvbuf)
         source, recvtag = self._check_recv(source, recvtag)
-        sfut = self._post_send(spec, dest, KIND_P2P, sendtag)
-        rfut = self._post_recv(rspec, source, KIND_P2P, recvtag)
+        sfut = self._post_send(sendbuf, dest, sendtag)
+        rres = self._worker.recv_into(rtarget, *self._match(KIND_P2P, source, recvtag))
 
         async def both() -> Status:
-            status = self._finish_recv(rspec, await self._await_recv(rfut))
+            res = rres if type(rres) is tuple else await self._await_recv(rres)
             if sfut is not None:
                 await sfut
-            return status
+            return self._recv_status(res)
 
         return await _with_timeout(both(), timeout, "Sendrecv")
 
@@ -429,8 +448,8 @@ class Comm:
     def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status | None:
         """The :class:`Status` of a matching message that is ready, else None (no wait)."""
         source, tag = self._check_recv(source, tag)
-        got = self._worker.probe(make_tag(self._cid, KIND_P2P, max(source, 0), max(tag, 0)),
-                                 make_mask(source, tag))
+        utag, mask, _ = self._match(KIND_P2P, source, tag)
+        got = self._worker.probe(utag, mask)
         return None if got is None else self._status(*got)
 
     async def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
@@ -441,10 +460,7 @@ class Comm:
         part (header and in-band pickle) only.
         """
         source, tag = self._check_recv(source, tag)
-        peers = self._peers_all if source == ANY_SOURCE else self._peer_sets[source]
-        fut = self._worker.probe_wait(
-            make_tag(self._cid, KIND_P2P, max(source, 0), max(tag, 0)),
-            make_mask(source, tag), peers)
+        fut = self._worker.probe_wait(*self._match(KIND_P2P, source, tag))
         got = await _with_timeout(self._await_recv(fut), timeout, "probe")
         return self._status(*got)
 
@@ -482,16 +498,19 @@ class Comm:
 
     async def _barrier(self) -> None:
         seq = self._next_coll_tag()
-        empty = as_send_buffer(b"")
+        stag = make_tag(self._cid, KIND_COLL, self.rank, seq)
+        worker = self._worker
         dist = 1
         while dist < self.size:
             dest = (self.rank + dist) % self.size
             src = (self.rank - dist) % self.size
-            sfut = self._post_send(empty, dest, KIND_COLL, seq)
-            rfut = self._post_recv(as_recv_buffer(bytearray(0)), src, KIND_COLL, seq)
-            await self._await_recv(rfut)
+            sfut = self._ep(dest).isend(b"", stag)
+            res = worker.recv_into(worker.recv_ptr(bytearray(0)),
+                                   *self._match(KIND_COLL, src, seq))
+            if type(res) is not tuple:
+                await self._await_recv(res)
             if sfut is not None:
-                await sfut
+                await worker.complete(sfut)
             dist *= 2
 
     # ----------------------------------------------------------- communicators
@@ -566,20 +585,3 @@ class Comm:
             await self.close()
         else:
             self.abort()
-
-
-def _alloc_bytes(nbytes: int, _stag: int) -> BufferSpec:
-    arr = np.empty(nbytes, dtype=np.uint8)
-    return BufferSpec(memoryview(arr), nbytes, False)
-
-
-def _copy_prefix(dst: BufferSpec, src: BufferSpec) -> None:
-    if dst.device or src.device:
-        import cupy
-
-        d = cupy.asarray(dst.obj).ravel().view(cupy.uint8)
-        s = cupy.asarray(src.obj).ravel().view(cupy.uint8)
-        d[:] = s[: dst.nbytes]
-    else:
-        dst.obj[:] = src.obj[: dst.nbytes]
-

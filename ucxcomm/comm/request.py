@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Generator, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Request", "Status"]
 
 
-@dataclass(frozen=True, slots=True)
 class Status:
     """What a receive or probe matched.
 
@@ -24,9 +22,21 @@ class Status:
         Size of the message on the wire (for objects: the serialized size).
     """
 
-    source: int
-    tag: int
-    nbytes: int
+    __slots__ = ("nbytes", "source", "tag")
+
+    def __init__(self, source: int, tag: int, nbytes: int) -> None:
+        self.source, self.tag, self.nbytes = source, tag, nbytes
+
+    def __repr__(self) -> str:
+        return f"Status(source={self.source}, tag={self.tag}, nbytes={self.nbytes})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Status):
+            return NotImplemented
+        return (self.source, self.tag, self.nbytes) == (other.source, other.tag, other.nbytes)
+
+    def __hash__(self) -> int:
+        return hash((self.source, self.tag, self.nbytes))
 
     def count(self, dtype: Any = None) -> int:
         """Number of ``dtype`` elements in the message (bytes when ``dtype`` is None)."""
@@ -55,6 +65,12 @@ class Request:
     def completed(cls, result: Any = None) -> Request:
         fut = asyncio.get_running_loop().create_future()
         fut.set_result(result)
+        return cls(fut)
+
+    @classmethod
+    def failed(cls, exc: BaseException) -> Request:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_exception(exc)
         return cls(fut)
 
     def __await__(self) -> Generator[Any, None, Any]:

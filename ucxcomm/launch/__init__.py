@@ -1,4 +1,4 @@
-"""N processes become one world: launcher-environment detection, bootstrap store, ``ucxcomm run``."""
+"""N processes become one world: launcher env detection, bootstrap store, `ucxcomm run`."""
 
 from .bootstrap import WorldSpec, detect, finalize, init
 from .store import StoreClient, StoreServer

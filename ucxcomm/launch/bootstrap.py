@@ -136,7 +136,7 @@ def detect(env: Mapping[str, str] | None = None, *, rank: int | None = None,
         host, port = _hostport(store, "store") if store else (None, None)
         return _check(WorldSpec(rank, size, host, port, token or "ucxcomm-explicit",
                                 rank == 0 and size > 1, "explicit"))
-    if "UCXCOMM_RANK" in env or "UCXCOMM_STORE" in env and "UCXCOMM_SIZE" in env:
+    if "UCXCOMM_RANK" in env or ("UCXCOMM_STORE" in env and "UCXCOMM_SIZE" in env):
         _require(env, ("UCXCOMM_RANK", "UCXCOMM_SIZE", "UCXCOMM_STORE", "UCXCOMM_TOKEN"),
                  "ucxcomm run")
         host, port = _hostport(env["UCXCOMM_STORE"], "UCXCOMM_STORE")

@@ -118,7 +118,7 @@ class _Job:
                     self.code = 128 + sig
                 self._say(f"got signal {sig}; forwarding to all ranks")
                 self.signal_all(sig)
-                loop.create_task(self.stop(sig))
+                self.pumps.append(loop.create_task(self.stop(sig)))
 
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, on_signal, sig)

@@ -1,4 +1,4 @@
-"""UCX as objects: workers, endpoints (and, later, memory regions); the only package that touches UCX."""
+"""UCX as objects: workers and endpoints; the only package that touches UCX."""
 
 from .endpoint import Endpoint
 from .worker import Worker

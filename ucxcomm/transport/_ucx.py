@@ -22,6 +22,7 @@ __all__ = [
     "load",
     "make_tag",
     "make_tag_mask",
+    "status_error",
     "translate_error",
     "ucx_version",
 ]
@@ -32,6 +33,9 @@ _lib: Any = None  # ucxx._lib.libucxx once loaded
 _arr: Any = None  # ucxx._lib.arr
 _ucp: Any = None  # the cffi extension
 Array: Any = None
+#: The extension's ``ffi`` and ``lib`` (the tag hot path), set by :func:`load`.
+ffi: Any = None
+lib: Any = None
 
 
 def load() -> Any:
@@ -39,14 +43,14 @@ def load() -> Any:
 
     Importing ucxx sets a few ``UCX_*`` variables when the user has not set them
     (ucxx's own defaults, e.g. ``UCX_RNDV_THRESH``); that happens here, at ``init()``
-    time, never at ``import ucxcomm``.
+    time, never at ``import ucxcomm``. Returns the ucxx low-level module.
     """
-    global _lib, _arr, _ucp, Array
+    global _lib, _arr, _ucp, Array, ffi, lib
     if _lib is not None:
         return _lib
     user_memtype = "UCX_MEMTYPE_CACHE" in os.environ
-    import ucxx._lib.arr as arr
-    import ucxx._lib.libucxx as lib
+    import ucxx._lib.arr as ucxx_arr
+    import ucxx._lib.libucxx as libucxx
 
     if not user_memtype:
         # ucxx exports UCX_MEMTYPE_CACHE=n, which UCX 1.21 no longer knows and warns
@@ -55,8 +59,10 @@ def load() -> Any:
     # Only after ucxx loaded libucp: the extension resolves libucp.so.0 by soname.
     from . import _ucp as ucp_ext
 
-    _lib, _arr, _ucp, Array = lib, arr, ucp_ext, arr.Array
-    return lib
+    _arr, _ucp, Array = ucxx_arr, ucp_ext, ucxx_arr.Array
+    ffi, lib = ucp_ext.ffi, ucp_ext.lib
+    _lib = libucxx
+    return _lib
 
 
 def ucx_version() -> str:
@@ -73,22 +79,37 @@ def libucp_path() -> str:
 
 def create_context(config: dict[str, str] | None = None) -> Any:
     """A UCP context with TAG, RMA, AMO32, AMO64, AM and WAKEUP features."""
-    lib = load()
-    f = lib.Feature
+    ucxx = load()
+    f = ucxx.Feature
     features = (f.TAG, f.RMA, f.AMO32, f.AMO64, f.AM, f.WAKEUP)
     try:
-        return lib.UCXContext(dict(config or {}), feature_flags=features)
-    except lib.UCXError as exc:
+        return ucxx.UCXContext(dict(config or {}), feature_flags=features)
+    except ucxx.UCXError as exc:
         raise translate_error(exc) from exc
 
 
 def create_worker(context: Any) -> Any:
     """A worker whose requests we poll ourselves (no ucxx notifier thread)."""
-    lib = load()
-    worker = lib.UCXWorker(context, enable_delayed_submission=False,
-                           enable_python_future=False)
+    ucxx = load()
+    worker = ucxx.UCXWorker(context, enable_delayed_submission=False,
+                            enable_python_future=False)
     worker.init_blocking_progress_mode()
     return worker
+
+
+def status_error(status: int, peer: Any = None, what: str = "operation") -> UcxCommError:
+    """Map a negative ``ucs_status_t`` to the ucxcomm hierarchy."""
+    c = lib
+    text = ffi.string(c.ucs_status_string(status)).decode()
+    if status == c.UCS_ERR_MESSAGE_TRUNCATED:
+        return TruncationError(f"{what}: message truncated ({text})")
+    if status == c.UCS_ERR_CANCELED:
+        return ClosedError(f"{what} canceled ({text})")
+    if status in (c.UCS_ERR_CONNECTION_RESET, c.UCS_ERR_ENDPOINT_TIMEOUT,
+                  c.UCS_ERR_UNREACHABLE, c.UCS_ERR_NOT_CONNECTED, c.UCS_ERR_REJECTED,
+                  c.UCS_ERR_IO_ERROR, c.UCS_ERR_TIMED_OUT):
+        return PeerFailure(f"{what}: peer {peer} failed ({text})", peer=peer)
+    return UcxCommError(f"{what} failed: {text} (ucs_status_t {status})")
 
 
 def make_tag(value: int) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._buffers import as_recv_buffer, as_send_buffer
 from ..errors import ClosedError
 from . import _ucx
 
@@ -21,11 +20,12 @@ class Endpoint:
     operations when that peer is declared dead.
     """
 
-    __slots__ = ("_closed", "_ep", "_peers", "_worker", "peer")
+    __slots__ = ("_closed", "_ep", "_handle", "_peers", "_worker", "peer")
 
     def __init__(self, worker: Worker, ucx_ep: Any, peer: Any = None) -> None:
         self._worker = worker
         self._ep = ucx_ep
+        self._handle = ucx_ep.handle
         self.peer = peer
         self._peers = frozenset((peer,)) if peer is not None else None
         self._closed = False
@@ -39,36 +39,49 @@ class Endpoint:
             raise ClosedError("the endpoint is closed")
 
     def isend(self, buf: Any, tag: int) -> Any:
-        """Post a tag send; returns an awaitable future, or None if already complete."""
-        self._check_open()
-        return self._worker.tag_send(self._ep, as_send_buffer(buf), tag, self._peers)
+        """Post a tag send; returns a future, or None if it already completed."""
+        if self._closed:
+            raise ClosedError("the endpoint is closed")
+        return self._worker.send(self._handle, buf, tag, self._peers)
 
-    def isend_spec(self, spec: Any, tag: int) -> Any:
-        self._check_open()
-        return self._worker.tag_send(self._ep, spec, tag, self._peers)
+    def isend_raw(self, target: tuple[Any, int, Any, bool], tag: int) -> Any:
+        """Like :meth:`isend` for a target prepared by ``Worker.send_ptr``."""
+        if self._closed:
+            raise ClosedError("the endpoint is closed")
+        return self._worker.send_raw(self._handle, target, tag, self._peers)
 
     async def send(self, buf: Any, tag: int = 0) -> None:
         """Send ``buf`` with a 64-bit UCX ``tag``; returns when ``buf`` may be reused.
 
         Raises
         ------
+        TypeError, ValueError
+            ``buf`` is not a contiguous buffer (nothing is sent).
         ClosedError, PeerFailure
         """
         fut = self.isend(buf, tag)
         if fut is not None:
-            await fut
+            await self._worker.complete(fut)
 
     async def recv(self, buf: Any, tag: int = 0) -> None:
-        """Receive the next message with exactly ``tag`` (from any endpoint) into ``buf``."""
+        """Receive the next message with exactly ``tag`` (from any endpoint) into ``buf``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``buf`` is not a contiguous writable buffer.
+        TruncationError, ClosedError, PeerFailure
+        """
         self._check_open()
-        fut = self._worker.tag_recv(as_recv_buffer(buf), tag, peers=self._peers)
+        worker = self._worker
+        fut = worker.tag_recv(worker.recv_ptr(buf), tag, peers=self._peers)
         if fut is not None:
-            await fut
+            await worker.complete(fut)
 
     def transports(self) -> list[tuple[str, str]]:
-        """The (transport, device) lanes UCX chose for this endpoint, e.g. ``[("posix", "memory")]``."""
+        """The (transport, device) lanes UCX chose, e.g. ``[("posix", "memory")]``."""
         self._check_open()
-        return _ucx.endpoint_transports(self._ep.handle)
+        return _ucx.endpoint_transports(self._handle)
 
     def abort(self) -> None:
         """Close at once (idempotent)."""

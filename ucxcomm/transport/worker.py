@@ -2,19 +2,23 @@
 
 Progress model (measured choices, see docs/design.md):
 
-* While operations are pending the progress task spins: ``worker.progress()``, then
-  polls every pending operation, yielding to the event loop between rounds. This is
-  what keeps small-message latency near ucxx's polling mode.
-* After ``spin_us`` microseconds without a completion (or with nothing pending) it
-  drains the worker, ``arm()``s it and sleeps on the worker's epoll descriptor through
-  ``loop.add_reader``; an idle rank blocked in ``recv`` uses (almost) no CPU.
-* Completions are delivered by resolving asyncio futures directly on the loop thread:
-  no notifier thread, no cross-thread hop.
+* The tag hot path (send, receive, probe, request test) calls UCP directly through the
+  cffi extension on the ucxx-owned worker and endpoint handles: ucxx's Python request
+  objects cost 4-8 us each, a cffi call well under 1 us.
+* A task awaiting an operation (:meth:`Worker.complete`) progresses the worker itself,
+  in bursts, yielding to the event loop only when other callbacks are ready: a reply
+  that arrives within ``spin_us`` completes without a single event-loop round trip.
+* Otherwise the progress task spins: ``ucp_worker_progress`` then polls every pending
+  operation, yielding to the event loop whenever something completed or another task
+  is ready. After ``spin_us`` without a completion it drains the worker, arms it and
+  sleeps on its epoll descriptor (``loop.add_reader``): an idle rank blocked in
+  ``recv`` uses no CPU.
+* Completions resolve asyncio futures on the loop thread: no notifier thread.
 
-Receives that must report the sender and the size (everything the comm layer does) use
-a *matched probe*: ``tag_probe(remove=True)`` then ``tag_recv_with_handle`` into a buffer
-chosen once the size is known, so a message of unknown size is received exactly once.
-Pending probes are polled in posting order, which gives MPI's matching order.
+Receives that must report sender and size use a *matched probe*: probe with removal,
+then receive the message by handle into a buffer chosen once its size is known, so a
+message of unknown size is received exactly once. Pending probes are polled in posting
+order, which gives MPI's matching order.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-from .._buffers import BufferSpec
+import numpy as _np
+
+from .._buffers import BufferSpec, as_recv_buffer, as_send_buffer
 from ..errors import ClosedError, PeerFailure, UnsupportedError
 from . import _ucx
 
@@ -36,7 +42,7 @@ log = logging.getLogger(__name__)
 
 FULL_MASK = (1 << 64) - 1
 
-#: Default spin window before sleeping on the epoll descriptor.
+#: Spin window of the progress task before it sleeps on the epoll descriptor.
 DEFAULT_SPIN_US = 200.0
 #: Fallback wake-up while sleeping: UCX may not always signal the descriptor
 #: (ucxx's BlockingMode guards against the same thing).
@@ -44,26 +50,34 @@ IDLE_WAKE_S = 0.05
 #: After a peer is declared dead, what already arrived from it is still delivered for
 #: this long before its pending operations fail.
 PEER_GRACE_S = 0.05
+#: Longest stretch the progress task spins without yielding to the event loop.
+BURST_S = 20e-6
 
 
 class _Op:
     """One pending transport operation, polled by the progress task."""
 
-    __slots__ = ("alloc", "buf", "done", "future", "length", "mask", "peek", "peers", "req",
-                 "sender_tag", "settled", "tag")
+    __slots__ = ("alloc", "cap", "device", "done", "future", "is_recv", "keep", "length",
+                 "mask", "peek", "peers", "ptr", "req", "scratch", "sender_tag", "settled",
+                 "tag")
 
     def __init__(self, future: asyncio.Future, peers: frozenset | None) -> None:
         self.future = future
         self.peers = peers
-        self.req: Any = None
-        self.buf: Any = None  # keeps the memory alive while UCX may touch it
+        self.req: Any = None  # the UCP request (cdata) while in flight
+        self.is_recv = False
+        self.keep: Any = None  # keeps memory alive while UCX may touch it
+        self.ptr: Any = None  # receive target ("into" ops)
+        self.cap = 0
+        self.device = False
+        self.scratch: Any = None  # (array, pointer) when a message outgrew the buffer
         self.tag = 0
         self.mask = FULL_MASK
-        self.alloc: Callable[[int, int], Any] | None = None  # probe ops only
+        self.alloc = False  # matched-probe op that allocates the buffer on match
+        self.peek = False  # probe op that only watches (does not consume)
         self.sender_tag = 0
         self.length = 0
         self.done = False
-        self.peek = False  # probe ops that only watch (do not consume)
         self.settled: asyncio.Future | None = None
 
     def mark_settled(self) -> None:
@@ -81,8 +95,9 @@ class Worker:
         UCX options for the context (``{"TLS": "tcp,self"}``); ``UCX_*`` environment
         variables still apply.
     spin_us : float, optional
-        How long to spin while operations are pending before sleeping on the epoll
-        descriptor (``UCXCOMM_SPIN_US``, default 200).
+        How long an awaiter (then the progress task) spins while operations are pending
+        before the worker is armed and the process sleeps on its epoll descriptor
+        (``UCXCOMM_SPIN_US``, default 200; 0 never spins).
 
     Raises
     ------
@@ -97,16 +112,25 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         self._context = _ucx.create_context(config)
         self._worker = _ucx.create_worker(self._context)
+        self._wh = self._worker.handle
         self._fd = self._worker.epoll_file_descriptor
+        self._ffi, self._lib = _ucx.ffi, _ucx.lib
+        self._INPROGRESS = self._lib.UCXCOMM_INPROGRESS
+        self._req_out = self._ffi.new("void *[1]")
+        self._msg_out = self._ffi.new("void *[1]")
+        self._tag_out = self._ffi.new("uint64_t[1]")
+        self._len_out = self._ffi.new("size_t[1]")
         if spin_us is None:
             spin_us = float(os.environ.get("UCXCOMM_SPIN_US", DEFAULT_SPIN_US))
         self._spin_s = spin_us * 1e-6
-        self._reqs: list[_Op] = []  # UCX requests in flight (order irrelevant)
+        self._reqs: list[_Op] = []  # UCP requests in flight (order irrelevant)
         self._probes: list[_Op] = []  # matched-probe receives, in posting order
-        self._graveyard: list[Any] = []  # (request, buffer) of cancelled/abandoned ops
+        self._graveyard: list[Any] = []  # memory of abandoned operations
         self._dead: dict[Any, tuple[float, BaseException]] = {}
         self._sleeper: asyncio.Future | None = None
+        self._spinners = 0  # tasks progressing the worker inside complete()
         self._closed = False
+        self._cuda = bool(self._context.cuda_support)
         self._task = self._loop.create_task(self._progress_loop(), name="ucxcomm-progress")
         self.endpoints: list[Any] = []
 
@@ -118,7 +142,7 @@ class Worker:
 
     @property
     def cuda_support(self) -> bool:
-        return bool(self._context.cuda_support)
+        return self._cuda
 
     @property
     def closed(self) -> bool:
@@ -131,9 +155,8 @@ class Worker:
     def connect(self, address: bytes, peer: Any = None) -> Any:
         """An :class:`Endpoint` to the worker whose address is ``address``.
 
-        UCX peer error handling is deliberately off: it would pin the endpoint to TCP
-        and lose shared memory/CMA; dead peers are detected out of band
-        (:meth:`fail_peer`).
+        UCX peer error handling is deliberately off: it pins endpoints to TCP and loses
+        shared memory/CMA; dead peers are detected out of band (:meth:`fail_peer`).
         """
         from .endpoint import Endpoint
 
@@ -149,11 +172,38 @@ class Worker:
         if self._closed:
             raise ClosedError("the worker is closed")
 
-    def _wrap(self, spec: BufferSpec) -> Any:
-        if spec.device and not self.cuda_support:
-            raise UnsupportedError("a GPU buffer was given but this UCX context has no CUDA "
-                                   "support (install ucxcomm[gpu] on a CUDA machine)")
-        return _ucx.Array(spec.obj)
+    def _spec_ptr(self, spec: BufferSpec, writable: bool) -> tuple[Any, int, Any, bool]:
+        if spec.device:
+            if not self._cuda:
+                raise UnsupportedError(
+                    "a GPU buffer was given but this UCX has no CUDA support "
+                    "(install ucxcomm[gpu] on a CUDA machine)")
+            ptr = self._ffi.cast("void *", spec.obj.__cuda_array_interface__["data"][0])
+            return ptr, spec.nbytes, spec.obj, True
+        ptr = self._ffi.from_buffer(spec.obj, require_writable=writable)
+        return ptr, spec.nbytes, (ptr, spec.obj), False
+
+    def send_ptr(self, obj: Any) -> tuple[Any, int, Any, bool]:
+        """``(pointer, nbytes, keepalive, device)`` of a send buffer, validated.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Not a buffer / not contiguous. UnsupportedError: GPU memory without CUDA.
+        """
+        try:  # fast path: C-contiguous host buffers (cffi checks contiguity)
+            ptr = self._ffi.from_buffer(obj)
+            return ptr, len(ptr), ptr, False
+        except (TypeError, ValueError, BufferError):
+            return self._spec_ptr(as_send_buffer(obj), False)
+
+    def recv_ptr(self, obj: Any) -> tuple[Any, int, Any, bool]:
+        """Like :meth:`send_ptr` for a receive buffer (must also be writable)."""
+        try:
+            ptr = self._ffi.from_buffer(obj, require_writable=True)
+            return ptr, len(ptr), ptr, False
+        except (TypeError, ValueError, BufferError):
+            return self._spec_ptr(as_recv_buffer(obj), True)
 
     def _dead_error(self, peers: Iterable | None) -> BaseException | None:
         if not self._dead or peers is None:
@@ -165,157 +215,257 @@ class Worker:
                 return entry[1]
         return None
 
-    def submit_request(self, req: Any, buf: Any, peers: frozenset | None) -> asyncio.Future | None:
-        """Track a UCX request; ``None`` when it already completed (fast path)."""
-        if req.completed:
-            try:
-                req.check_error()
-            except Exception as exc:
-                raise _ucx.translate_error(exc, _first(peers)) from exc
-            return None
-        fut = self._loop.create_future()
-        op = _Op(fut, peers)
-        op.req, op.buf = req, buf
+    def _track(self, op: _Op) -> asyncio.Future:
         self._reqs.append(op)
         self._kick()
-        return fut
+        return op.future
 
-    def tag_send(self, ucx_ep: Any, spec: BufferSpec, tag: int,
+    def send(self, ep_handle: int, obj: Any, tag: int, peers: frozenset | None
+             ) -> asyncio.Future | None:
+        """Post a tag send of buffer ``obj``; ``None`` if it completed at once, else a future."""
+        return self.send_raw(ep_handle, self.send_ptr(obj), tag, peers)
+
+    def send_raw(self, ep_handle: int, target: tuple[Any, int, Any, bool], tag: int,
                  peers: frozenset | None) -> asyncio.Future | None:
-        self._check_open()
-        err = self._dead_error(peers)
-        if err is not None:
-            raise err
-        arr = self._wrap(spec)
-        req = ucx_ep.tag_send(arr, _ucx.make_tag(tag))
-        return self.submit_request(req, (arr, spec.obj), peers)
+        if self._closed:
+            raise ClosedError("the worker is closed")
+        if self._dead:
+            err = self._dead_error(peers)
+            if err is not None:
+                raise err
+        ptr, nbytes, keep, _ = target
+        st = self._lib.ucxcomm_tag_send(ep_handle, ptr, nbytes, tag, self._req_out)
+        if st == 0:
+            return None
+        if st < 0:
+            raise _ucx.status_error(st, _first(peers), "send")
+        op = _Op(self._loop.create_future(), peers)
+        op.req, op.keep = self._req_out[0], keep
+        return self._track(op)
 
-    def tag_recv(self, spec: BufferSpec, tag: int, mask: int = FULL_MASK,
+    def tag_recv(self, target: tuple[Any, int, Any, bool], tag: int, mask: int = FULL_MASK,
                  peers: frozenset | None = None) -> asyncio.Future | None:
-        """Worker-level receive with a tag mask (no sender/size reported)."""
+        """Worker-level receive with a tag mask into ``target`` (from :meth:`recv_ptr`);
+        ``None`` when it completed at once. Sender and size are not reported."""
         self._check_open()
-        arr = self._wrap(spec)
-        req = self._worker.tag_recv(arr, _ucx.make_tag(tag), _ucx.make_tag_mask(mask))
-        return self.submit_request(req, (arr, spec.obj), peers)
+        ptr, nbytes, keep, _ = target
+        st = self._lib.ucxcomm_tag_recv(self._wh, ptr, nbytes, tag, mask,
+                                        self._req_out, self._tag_out, self._len_out)
+        if st == 0:
+            return None
+        if st < 0:
+            raise _ucx.status_error(st, _first(peers), "receive")
+        op = _Op(self._loop.create_future(), peers)
+        op.req, op.keep, op.is_recv = self._req_out[0], keep, True
+        return self._track(op)
 
     def probe(self, tag: int, mask: int) -> tuple[int, int] | None:
         """Non-destructive probe: ``(sender_tag, nbytes)`` of the first match, or None."""
         self._check_open()
-        self._worker.progress()
-        res = self._worker.tag_probe(_ucx.make_tag(tag), _ucx.make_tag_mask(mask), False)
-        if not res.matched:
+        self._lib.ucxcomm_progress(self._wh)
+        if not self._lib.ucxcomm_tag_probe(self._wh, tag, mask, 0, self._msg_out,
+                                           self._tag_out, self._len_out):
             return None
-        return res.sender_tag.value, res.length
+        return self._tag_out[0], self._len_out[0]
 
     def probe_wait(self, tag: int, mask: int, peers: frozenset | None) -> asyncio.Future:
         """Resolve to ``(sender_tag, nbytes)`` once a matching message is there (not consumed)."""
         self._check_open()
-        fut = self._loop.create_future()
-        op = _Op(fut, peers)
+        op = _Op(self._loop.create_future(), peers)
         op.tag, op.mask, op.peek = tag, mask, True
         self._probes.append(op)
         self._kick()
-        return fut
+        return op.future
 
-    def probe_recv(self, tag: int, mask: int, alloc: Callable[[int, int], BufferSpec],
-                   peers: frozenset | None) -> asyncio.Future:
-        """Receive the first message matching (tag, mask) into ``alloc(nbytes, sender_tag)``.
+    def recv_into(self, target: tuple[Any, int, Any, bool], tag: int, mask: int,
+                  peers: frozenset | None) -> tuple[int, int, int] | asyncio.Future:
+        """Matched-probe receive of the first message matching (tag, mask) into ``target``
+        (from :meth:`recv_ptr`).
 
-        The future resolves to ``(sender_tag, nbytes, spec)``. ``alloc`` runs once the
-        message is matched and may raise; the message is then still consumed (into a
-        scratch buffer) before the error propagates.
+        Returns ``(sender_tag, nbytes, capacity)`` when the message was already there and
+        is fully received, else a future resolving to the same. If ``nbytes >
+        capacity`` the message was consumed and the buffer holds its first ``capacity``
+        bytes (the caller reports the truncation).
         """
         self._check_open()
-        fut = self._loop.create_future()
-        op = _Op(fut, peers)
-        op.tag, op.mask, op.alloc = tag, mask, alloc
+        op = _Op(None, peers)  # type: ignore[arg-type]
+        op.tag, op.mask = tag, mask
+        op.ptr, op.cap, op.keep, op.device = target
+        return self._post_match(op)
+
+    def recv_alloc(self, tag: int, mask: int, peers: frozenset | None
+                   ) -> tuple[int, int, Any] | asyncio.Future:
+        """Matched-probe receive into a new ``numpy.uint8`` array of the message's size.
+
+        Returns (or resolves to) ``(sender_tag, nbytes, array)``.
+        """
+        self._check_open()
+        op = _Op(None, peers)  # type: ignore[arg-type]
+        op.tag, op.mask, op.alloc = tag, mask, True
+        return self._post_match(op)
+
+    def _post_match(self, op: _Op) -> Any:
         if not self._probes and self._try_match(op):
-            if op.done:
-                return fut
-            self._reqs.append(op)
-        else:
-            self._probes.append(op)
+            if op.req is None:  # completed on the spot
+                fut = op.future
+                if fut is not None:  # completed with an error
+                    return fut
+                return self._result(op)
+            op.future = self._loop.create_future()
+            return self._track(op)
+        op.future = self._loop.create_future()
+        self._probes.append(op)
         self._kick()
-        return fut
+        return op.future
+
+    def _result(self, op: _Op) -> Any:
+        if op.alloc:
+            return (op.sender_tag, op.length, op.keep[1])
+        return (op.sender_tag, op.length, op.cap)
 
     def _try_match(self, op: _Op) -> bool:
-        res = self._worker.tag_probe(_ucx.make_tag(op.tag), _ucx.make_tag_mask(op.mask),
-                                     not op.peek)
-        if not res.matched:
+        """Probe for ``op``; on a match start (or finish) its receive. True if matched."""
+        lib = self._lib
+        if not lib.ucxcomm_tag_probe(self._wh, op.tag, op.mask, 0 if op.peek else 1,
+                                     self._msg_out, self._tag_out, self._len_out):
             return False
+        stag, nbytes = self._tag_out[0], self._len_out[0]
         if op.peek:
             op.done = True
             if not op.future.done():
-                op.future.set_result((res.sender_tag.value, res.length))
+                op.future.set_result((stag, nbytes))
             return True
-        op.sender_tag, op.length = res.sender_tag.value, res.length
-        assert op.alloc is not None
-        try:
-            spec = op.alloc(op.length, op.sender_tag)
-            arr = self._wrap(spec)
-        except BaseException as exc:  # consume the message, then report
-            scratch = bytearray(op.length)
-            arr, spec = _ucx.Array(scratch), None
-            if not op.future.done():
-                op.future.set_exception(exc)
-            op.done = True
-            req = self._worker.tag_recv_with_handle(arr, res)
-            self._graveyard.append((req, scratch))
-            return True
-        op.req = self._worker.tag_recv_with_handle(arr, res)
-        op.buf = (arr, spec)
-        if op.req.completed:
-            self._finish(op)
+        op.sender_tag, op.length = stag, nbytes
+        msg = self._msg_out[0]
+        if op.alloc:
+            arr = _np.empty(nbytes, dtype=_np.uint8)
+            ptr = self._ffi.from_buffer(arr, require_writable=True)
+            op.keep = (ptr, arr)
+        elif nbytes <= op.cap:
+            ptr = op.ptr
+        else:  # too large: take it whole into scratch memory, keep the prefix
+            if op.device:
+                import cupy
+
+                arr = cupy.empty(nbytes, dtype=cupy.uint8)
+                ptr = self._ffi.cast("void *", arr.data.ptr)
+            else:
+                arr = _np.empty(nbytes, dtype=_np.uint8)
+                ptr = self._ffi.from_buffer(arr, require_writable=True)
+            op.scratch = (arr, ptr)
+        st = lib.ucxcomm_msg_recv(self._wh, ptr, nbytes, msg, self._req_out,
+                                  self._tag_out, self._len_out)
+        op.is_recv = True
+        if st == self._INPROGRESS:
+            op.req = self._req_out[0]
+        else:
+            self._complete(op, st)
         return True
 
-    def _finish(self, op: _Op) -> None:
+    def _complete(self, op: _Op, status: int) -> None:
+        op.req = None
         op.mark_settled()
-        req, op.req = op.req, None
+        if status >= 0 and op.scratch is not None:
+            self._copy_prefix(op)
         fut = op.future
-        try:
-            req.check_error()
-        except Exception as exc:
-            if not fut.done():
-                fut.set_exception(_ucx.translate_error(exc, _first(op.peers)))
+        if fut is None:  # finished on the spot, before a future existed
+            if status < 0:
+                op.future = fut = self._loop.create_future()
+                fut.set_exception(_ucx.status_error(status, _first(op.peers)))
             return
         if fut.done():
             return
-        if op.alloc is not None:
-            fut.set_result((op.sender_tag, op.length, op.buf[1]))
+        if status < 0:
+            fut.set_exception(_ucx.status_error(status, _first(op.peers)))
+        elif op.alloc or op.ptr is not None:
+            fut.set_result(self._result(op))
         else:
             fut.set_result(None)
+
+    def _copy_prefix(self, op: _Op) -> None:
+        arr, src = op.scratch
+        if op.device:
+            import cupy
+
+            dst = int(self._ffi.cast("uintptr_t", op.ptr))
+            cupy.cuda.runtime.memcpy(dst, arr.data.ptr, op.cap, 4)  # cudaMemcpyDefault
+        else:
+            self._ffi.memmove(op.ptr, src, op.cap)
+        op.scratch = None
 
     def cancel(self, fut: asyncio.Future) -> bool:
         """Withdraw the receive behind ``fut`` if it has not matched a message yet.
 
         Returns True when nothing was (or will be) received for it. An operation that
-        already matched (or any send) keeps running in the background so that the
-        message moves whole; await :meth:`settle` to know when UCX no longer touches
-        its buffer.
+        already matched (or any send) keeps running so that the message moves whole;
+        await :meth:`settle` to know when UCX no longer touches its buffer.
         """
         for i, op in enumerate(self._probes):
             if op.future is fut:
                 del self._probes[i]
-                op.done = True
+                op.mark_settled()
                 if not fut.done():
                     fut.cancel()
                 return True
+        for op in self._reqs:
+            if op.future is fut and op.is_recv and op.alloc is None and op.req is not None:
+                # A posted receive: UCP removes it if unmatched (it then completes
+                # with UCS_ERR_CANCELED); if matched, it completes normally.
+                self._lib.ucxcomm_cancel(self._wh, op.req)
+                return False
         return False
 
     async def settle(self, fut: asyncio.Future) -> None:
-        """Return once the UCX request behind ``fut`` has finished (ok, failed or not)."""
+        """Return once the UCP request behind ``fut`` has finished (ok, failed or not)."""
         for op in self._reqs:
             if op.future is fut:
                 if op.settled is None:
                     op.settled = self._loop.create_future()
+                self._kick()
                 await asyncio.shield(op.settled)
                 return
+
+    async def complete(self, fut: asyncio.Future) -> Any:
+        """Await ``fut``, progressing the worker from this task while it waits.
+
+        The awaiting task spins (progress + poll) in bursts, yielding to the event loop
+        between bursts only when other callbacks are ready, so a prompt reply completes
+        without any event-loop round trip. After ``spin_us`` it hands over to the
+        progress task (which arms the worker and sleeps) and simply awaits.
+        """
+        if fut.done():
+            return fut.result()
+        if self._spin_s > 0 and not self._closed:
+            progress, wh, now = self._lib.ucxcomm_progress, self._wh, time.perf_counter
+            ready = getattr(self._loop, "_ready", ())
+            self._spinners += 1
+            try:
+                end = now() + self._spin_s
+                while True:
+                    burst_end = now() + BURST_S
+                    while True:
+                        progress(wh)
+                        self._poll()
+                        if fut.done():
+                            return fut.result()
+                        if ready or now() > burst_end:
+                            break
+                    if now() > end or self._closed:
+                        break
+                    await asyncio.sleep(0)
+                    if fut.done():
+                        return fut.result()
+            finally:
+                self._spinners -= 1
+                if not self._spinners:
+                    self._kick()
+        return await fut
 
     # ----------------------------------------------------------- peer failure
     def fail_peer(self, peer: Any, exc: PeerFailure | None = None) -> None:
         """Declare ``peer`` dead: its pending operations fail with PeerFailure.
 
-        What it sent before dying is still delivered for a short grace period.
+        What it sent before dying is still delivered during a short grace period.
         """
         if peer in self._dead:
             return
@@ -330,6 +480,8 @@ class Worker:
 
     # ------------------------------------------------------------- progress
     def _kick(self) -> None:
+        if self._spinners:
+            return  # an awaiter is progressing the worker; it kicks when it stops
         s = self._sleeper
         if s is not None and not s.done():
             s.set_result(None)
@@ -338,11 +490,16 @@ class Worker:
         """Poll every pending operation once; returns how many finished."""
         finished = 0
         if self._reqs:
+            test, inprogress = self._lib.ucxcomm_test, self._INPROGRESS
+            tag_out, len_out = self._tag_out, self._len_out
             keep = []
             for op in self._reqs:
                 req = op.req
-                if req is not None and req.completed:
-                    self._finish(op)
+                if req is None:  # finished while polled elsewhere
+                    continue
+                st = test(req, op.is_recv, tag_out, len_out)
+                if st != inprogress:
+                    self._complete(op, st)
                     finished += 1
                 elif self._dead and (err := self._dead_error(op.peers)) is not None:
                     self._abandon(op, err)
@@ -354,13 +511,14 @@ class Worker:
             keep = []
             for op in self._probes:
                 if op.future.done():  # cancelled by its awaiter
+                    op.mark_settled()
                     finished += 1
                 elif self._try_match(op):
                     finished += 1
-                    if not op.done:
+                    if op.req is not None:
                         self._reqs.append(op)
                 elif self._dead and (err := self._dead_error(op.peers)) is not None:
-                    op.done = True
+                    op.mark_settled()
                     op.future.set_exception(err)
                     finished += 1
                 else:
@@ -369,28 +527,41 @@ class Worker:
         return finished
 
     def _abandon(self, op: _Op, err: BaseException) -> None:
-        op.mark_settled()
-        self._graveyard.append((op.req, op.buf))
+        # The peer is gone; UCP may never finish this request. Keep its memory alive
+        # until the worker is destroyed, and cancel it if it is a receive.
+        if op.is_recv and op.req is not None:
+            self._lib.ucxcomm_cancel(self._wh, op.req)
+        self._graveyard.append((op.req, op.keep))
         op.req = None
+        op.mark_settled()
         if not op.future.done():
             op.future.set_exception(err)
 
     async def _progress_loop(self) -> None:
-        worker = self._worker
-        loop_time = time.perf_counter
+        progress, wh = self._lib.ucxcomm_progress, self._wh
+        now = time.perf_counter
+        ready = getattr(self._loop, "_ready", ())
         try:
             while not self._closed:
+                if self._spinners:
+                    await self._wait_kick()  # an awaiter is progressing the worker
+                    continue
                 if not (self._reqs or self._probes):
                     await self._sleep()
                     continue
-                deadline = loop_time() + self._spin_s
-                while self._reqs or self._probes:
-                    worker.progress()
-                    if self._poll():
-                        deadline = loop_time() + self._spin_s
-                    elif loop_time() > deadline:
+                deadline = now() + self._spin_s
+                while (self._reqs or self._probes) and not self._spinners:
+                    burst_end = now() + BURST_S
+                    while True:
+                        progress(wh)
+                        finished = self._poll()
+                        if finished or ready or now() > burst_end:
+                            break
+                    if finished:
+                        deadline = now() + self._spin_s
+                    elif now() > deadline:
                         await self._sleep()
-                        deadline = loop_time() + self._spin_s
+                        deadline = now() + self._spin_s
                         continue
                     await asyncio.sleep(0)
                 # Let the woken waiters run (and post their next operation) first.
@@ -401,14 +572,26 @@ class Worker:
             log.exception("ucxcomm progress loop crashed")
             raise
 
+    async def _wait_kick(self) -> None:
+        fut = self._loop.create_future()
+        self._sleeper = fut
+        try:
+            await fut
+        finally:
+            self._sleeper = None
+
     async def _sleep(self) -> None:
-        worker = self._worker
-        while worker.progress_once():
+        progress, wh = self._lib.ucxcomm_progress, self._wh
+        while progress(wh):
             pass
         if self._poll():
             return
-        if not worker.arm():
-            return  # events arrived meanwhile: progress again
+        armed = self._lib.ucxcomm_arm(wh)
+        if armed != 1:
+            if armed < 0:  # pragma: no cover - arming is not supported: poll lazily
+                log.debug("ucp_worker_arm failed (%d)", armed)
+            else:
+                return  # events arrived meanwhile: progress again
         loop = self._loop
         fut = loop.create_future()
         self._sleeper = fut
@@ -429,27 +612,40 @@ class Worker:
         self._closed = True
         self._task.cancel()
         err = ClosedError("the worker was closed")
+        lib = self._lib
+        for op in self._reqs:
+            if op.req is not None:
+                lib.ucxcomm_cancel(self._wh, op.req)
+        # Give cancelled requests a chance to complete so they can be freed.
+        for _ in range(100):
+            if not self._reqs:
+                break
+            lib.ucxcomm_progress(self._wh)
+            keep = []
+            for op in self._reqs:
+                st = lib.ucxcomm_test(op.req, op.is_recv, self._tag_out, self._len_out)
+                if st == self._INPROGRESS:
+                    keep.append(op)
+                else:
+                    op.req = None
+            self._reqs = keep
         for op in self._reqs + self._probes:
+            self._graveyard.append((op.req, op.keep))
             op.mark_settled()
             if not op.future.done():
                 op.future.set_exception(err)
-                # Nobody may be awaiting this future any more: mark it retrieved.
-                op.future.exception()
+                op.future.exception()  # nobody may await it any more: mark retrieved
         self._reqs, self._probes = [], []
         for ep in self.endpoints:
-            ep._closed = True
-        try:
-            self._worker.cancel_inflight_requests()
-        except Exception:  # pragma: no cover
-            log.debug("cancel_inflight_requests failed", exc_info=True)
+            ep.abort()
 
     async def close(self) -> None:
-        """Flush what is in flight (briefly), then release. Idempotent."""
+        """Let in-flight operations finish (briefly), then release. Idempotent."""
         if self._closed:
             return
         deadline = time.monotonic() + 1.0
         while self._reqs and time.monotonic() < deadline:
-            self._worker.progress()
+            self._lib.ucxcomm_progress(self._wh)
             self._poll()
             await asyncio.sleep(0)
         self.abort()
