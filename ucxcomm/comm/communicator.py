@@ -294,7 +294,11 @@ class Comm:
     # ------------------------------------------------------- object messages
     def _post_send_obj(self, obj: Any, dest: int, kind: int, tag: int) -> list[Any]:
         frames: list[pickle.PickleBuffer] = []
-        data = pickle.dumps(obj, protocol=5, buffer_callback=frames.append)
+        try:
+            data = pickle.dumps(obj, protocol=5, buffer_callback=frames.append)
+        except Exception as exc:
+            raise TypeError(f"cannot send a {type(obj).__name__}: it does not pickle ({exc})"
+                            ) from exc
         raws = []
         try:
             raws = [f.raw() for f in frames]

@@ -1,0 +1,444 @@
+"""SPMD point-to-point cases: the same coroutine runs on every rank (``ucxcomm run``).
+
+Run one case: ``ucxcomm run -n 3 python tests/spmd/p2p_cases.py NAME``. Each rank prints
+``CASE-OK NAME rank R`` when its assertions passed; tests/test_p2p.py checks the exit
+code and that every rank printed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import sys
+
+import numpy as np
+
+import ucxcomm
+from ucxcomm import ANY_SOURCE, ANY_TAG
+
+CASES = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+# Buffer kinds x dtypes x sizes (0, small/eager, around the 8 KiB rendezvous threshold,
+# large/rendezvous with an odd size).
+DTYPES = [np.uint8, np.int32, np.int64, np.float32, np.float64, np.complex128]
+SIZES = [0, 1, 7, 8191, 8193, (1 << 20) + 3]
+
+
+def make(n, dtype, seed):
+    return (np.arange(n, dtype=np.int64) * 7 + seed).astype(dtype)
+
+
+@case
+async def ring_objects(comm):
+    """Objects around the ring, including arrays sent out of band (zero-copy receive)."""
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    payload = {"rank": comm.rank, "list": list(range(comm.rank + 3)), "s": "x" * 100,
+               "arr": np.full(1 << 20, comm.rank, dtype=np.float64),
+               "small": np.arange(5, dtype=np.int16)}
+    req = comm.isend(payload, right, tag=11)
+    got, status = await comm.recv(left, 11, return_status=True)
+    await req
+    assert got["rank"] == left and got["list"] == list(range(left + 3)), got
+    assert got["s"] == "x" * 100
+    assert got["arr"].dtype == np.float64 and got["arr"].shape == (1 << 20,)
+    assert (got["arr"] == left).all()
+    assert got["arr"].flags.writeable
+    # Out of band: the array's memory is the receive buffer itself, not a pickle copy.
+    assert got["arr"].base is not None
+    assert np.array_equal(got["small"], np.arange(5, dtype=np.int16))
+    assert status.source == left and status.tag == 11
+    assert status.nbytes >= (1 << 20) * 8, status
+    # sendrecv
+    back = await comm.sendrecv(("hi", comm.rank), dest=left, source=right, sendtag=3, recvtag=3)
+    assert back == ("hi", right)
+
+
+@case
+async def buffers_all_kinds(comm):
+    """Send/Recv over dtypes, sizes and buffer kinds, straight into the receive buffer."""
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    tag = 0
+    for dtype in DTYPES:
+        for n in SIZES:
+            tag += 1
+            src = make(n, dtype, comm.rank)
+            dst = np.full(n, 99, dtype=dtype)
+            req = comm.Isend(src, right, tag)
+            status = await comm.Recv(dst, left, tag)
+            await req
+            assert np.array_equal(dst, make(n, dtype, left)), (dtype, n)
+            assert status.source == left and status.tag == tag
+            assert status.nbytes == dst.nbytes and status.count(dtype) == n
+    # Other buffer kinds: bytearray, memoryview, bytes (send only), F-ordered 2-D array.
+    data = bytes(range(256)) * 40
+    req = comm.Isend(data, right, 500)
+    ba = bytearray(len(data))
+    await comm.Recv(ba, left, 500)
+    await req
+    assert bytes(ba) == data
+    mv = memoryview(bytearray(len(data)))
+    req = comm.Isend(memoryview(data), right, 501)
+    await comm.Recv(mv, left, 501)
+    await req
+    assert mv.tobytes() == data
+    f_src = np.asfortranarray(make(12, np.float64, comm.rank).reshape(3, 4))
+    f_dst = np.asfortranarray(np.zeros((3, 4)))
+    req = comm.Isend(f_src, right, 502)
+    await comm.Recv(f_dst, left, 502)
+    await req
+    assert np.array_equal(f_dst, np.asfortranarray(make(12, np.float64, left).reshape(3, 4)))
+
+
+@case
+async def nonblocking_waitall(comm):
+    """Many Isend/Irecv pairs with every peer, completed with Request.waitall."""
+    reqs, bufs = [], {}
+    for peer in range(comm.size):
+        buf = np.empty(1000, dtype=np.int64)
+        bufs[peer] = buf
+        reqs.append(comm.Irecv(buf, peer, tag=7))
+    sends = [comm.Isend(np.full(1000, comm.rank * 10 + peer, np.int64), peer, tag=7)
+             for peer in range(comm.size)]
+    statuses = await ucxcomm.Request.waitall(reqs)
+    await ucxcomm.Request.waitall(sends)
+    for peer, st in zip(range(comm.size), statuses, strict=True):
+        assert st.source == peer and st.nbytes == 8000
+        assert (bufs[peer] == peer * 10 + comm.rank).all()
+    # test() on a finished request, and the object forms
+    r = comm.irecv(comm.rank, tag=8)
+    s = comm.isend({"me": comm.rank}, comm.rank, tag=8)
+    assert await r == {"me": comm.rank}
+    await s
+    assert r.test() == (True, {"me": comm.rank})
+
+
+@case
+async def any_source_fan_in(comm):
+    """Every rank sends to rank 0; ANY_SOURCE/ANY_TAG receives report who sent what."""
+    rounds = 20
+    if comm.rank != 0:
+        for i in range(rounds):
+            await comm.send((comm.rank, i), 0, tag=100 + comm.rank)
+        return
+    seen = {r: [] for r in range(1, comm.size)}
+    for _ in range(rounds * (comm.size - 1)):
+        (src, i), status = await comm.recv(ANY_SOURCE, ANY_TAG, return_status=True)
+        assert status.source == src and status.tag == 100 + src
+        seen[src].append(i)
+    for src, order in seen.items():
+        assert order == list(range(rounds)), (src, order)  # non-overtaking per sender
+
+
+@case
+async def ordering_many_in_flight(comm):
+    """1500 in-flight messages per pair arrive in order (same tag, and with ANY_TAG)."""
+    n = 1500
+    if comm.size == 1:
+        peer = 0
+    else:
+        peer = comm.rank ^ 1
+        if peer >= comm.size:  # odd world: the last rank talks to itself
+            peer = comm.rank
+    recvs = [comm.Irecv(np.empty(1, np.int64), peer, tag=5) for _ in range(n)]
+    bufs = []
+    sends = []
+    for i in range(n):
+        b = np.array([i], np.int64)
+        bufs.append(b)
+        sends.append(comm.Isend(b, peer, tag=5))
+    # Irecv requests resolve to statuses; re-read the buffers they were given.
+    statuses = await ucxcomm.Request.waitall(recvs)
+    await ucxcomm.Request.waitall(sends)
+    assert all(st.source == peer for st in statuses)
+    # Re-run with objects and ANY_TAG to check order through the matched-probe path.
+    sends = [comm.isend(i, peer, tag=i % 7) for i in range(n)]
+    got = [await comm.recv(peer, ANY_TAG) for _ in range(n)]
+    await ucxcomm.Request.waitall(sends)
+    assert got == list(range(n)), got[:20]
+    # And buffer order, checked by content.
+    outs = [np.empty(1, np.int64) for _ in range(n)]
+    recvs = [comm.Irecv(o, peer, tag=9) for o in outs]
+    sends = [comm.Isend(np.array([i], np.int64), peer, tag=9) for i in range(n)]
+    await ucxcomm.Request.waitall(recvs + sends)
+    assert [int(o[0]) for o in outs] == list(range(n))
+
+
+@case
+async def self_messages(comm):
+    """A rank can message itself (objects and buffers, blocking-style with Isend first)."""
+    req = comm.isend({"x": 1}, comm.rank, tag=1)
+    assert await comm.recv(comm.rank, 1) == {"x": 1}
+    await req
+    src = np.arange(100000, dtype=np.float32)
+    dst = np.empty_like(src)
+    req = comm.Isend(src, comm.rank, 2)
+    await comm.Recv(dst, comm.rank, 2)
+    await req
+    assert np.array_equal(src, dst)
+
+
+@case
+async def truncation(comm):
+    """A too-large message raises TruncationError; the message is consumed and the buffer
+    holds its prefix; the next message is unaffected."""
+    peer = (comm.rank + 1) % comm.size
+    left = (comm.rank - 1) % comm.size
+    for n in (100, 100000):
+        big = np.arange(n, dtype=np.int32)
+        r1 = comm.Isend(big, peer, tag=1)
+        r2 = comm.Isend(np.array([42], np.int32), peer, tag=1)
+        small = np.zeros(10, dtype=np.int32)
+        try:
+            await comm.Recv(small, left, 1)
+        except ucxcomm.TruncationError as exc:
+            assert exc.nbytes == n * 4 and exc.capacity == 40, (exc.nbytes, exc.capacity)
+            assert exc.status.source == left
+        else:
+            raise AssertionError("no TruncationError")
+        assert np.array_equal(small, np.arange(10, dtype=np.int32))
+        nxt = np.zeros(1, np.int32)
+        await comm.Recv(nxt, left, 1)
+        assert nxt[0] == 42
+        await ucxcomm.Request.waitall([r1, r2])
+
+
+@case
+async def cancellation(comm):
+    """Cancelling a pending receive withdraws it: its buffer is never written and the
+    message goes to the next receive."""
+    peer = (comm.rank + 1) % comm.size
+    left = (comm.rank - 1) % comm.size
+    buf = np.zeros(4, np.int64)
+    req = comm.Irecv(buf, left, tag=77)
+    assert req.test() == (False, None)
+    assert req.cancel() is True
+    try:
+        await req
+    except asyncio.CancelledError:
+        pass
+    else:
+        raise AssertionError("cancelled request did not raise CancelledError")
+    obj_req = comm.irecv(left, tag=78)
+    assert obj_req.cancel()
+    # A task awaiting Recv, cancelled (here through a timeout).
+    try:
+        await comm.Recv(buf, left, 79, timeout=0.05)
+    except ucxcomm.CommTimeoutError:
+        pass
+    else:
+        raise AssertionError("no CommTimeoutError")
+    task = asyncio.ensure_future(comm.recv(left, tag=80))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    await comm.barrier()
+    # Now the messages: none may land in the withdrawn receives.
+    for tag in (77, 79):
+        await comm.Send(np.full(4, tag, np.int64), peer, tag)
+    await comm.send("seventy-eight", peer, 78)
+    await comm.send("eighty", peer, 80)
+    got = np.zeros(4, np.int64)
+    await comm.Recv(got, left, 77)
+    assert (got == 77).all() and (buf == 0).all()
+    await comm.Recv(got, left, 79)
+    assert (got == 79).all() and (buf == 0).all()
+    assert await comm.recv(left, 78) == "seventy-eight"
+    assert await comm.recv(left, 80) == "eighty"
+
+
+@case
+async def bad_input(comm):
+    """Bad arguments fail at the call, before any I/O: nothing is sent."""
+    peer = (comm.rank + 1) % comm.size
+    left = (comm.rank - 1) % comm.size
+    arr = np.arange(16, dtype=np.float64).reshape(4, 4)
+    ro = np.zeros(4)
+    ro.flags.writeable = False
+    checks = [
+        (ValueError, lambda: comm.Isend(arr[:, ::2], peer)),  # non-contiguous
+        (ValueError, lambda: comm.Irecv(arr[:, ::2], peer)),
+        (ValueError, lambda: comm.Irecv(ro, peer)),  # read-only receive buffer
+        (ValueError, lambda: comm.Irecv(b"bytes are read-only", peer)),
+        (TypeError, lambda: comm.Isend(12345, peer)),  # not a buffer
+        (TypeError, lambda: comm.Isend(None, peer)),
+        (ValueError, lambda: comm.Isend(arr, comm.size)),  # bad rank
+        (ValueError, lambda: comm.Isend(arr, -1)),
+        (ValueError, lambda: comm.Irecv(arr, comm.size)),
+        (TypeError, lambda: comm.Isend(arr, "1")),
+        (TypeError, lambda: comm.Isend(arr, 1.0)),
+        (ValueError, lambda: comm.Isend(arr, peer, tag=-1)),  # bad tag
+        (ValueError, lambda: comm.Isend(arr, peer, tag=ucxcomm.TAG_UB + 1)),
+        (ValueError, lambda: comm.isend("x", peer, tag=-5)),
+        (ValueError, lambda: comm.irecv(comm.size + 3)),
+        (TypeError, lambda: comm.isend(lambda: None, peer)),  # cannot pickle a lambda
+    ]
+    for exc_type, call in checks:
+        try:
+            call()
+        except exc_type:
+            pass
+        except Exception as exc:  # pragma: no cover - shows which check misbehaved
+            raise AssertionError(f"expected {exc_type.__name__}, got {exc!r}") from exc
+        else:
+            raise AssertionError(f"expected {exc_type.__name__} from {call}")
+    try:
+        await comm.split(-2)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("split(-2) accepted")
+    # Nothing was sent by the failed calls: the first message to arrive is this one.
+    await comm.send("first", peer, tag=0)
+    msg, status = await comm.recv(left, ANY_TAG, return_status=True)
+    assert msg == "first" and status.tag == 0
+    assert comm.iprobe(ANY_SOURCE, ANY_TAG) is None
+
+
+@case
+async def probe(comm):
+    """probe/iprobe report the next message without consuming it."""
+    peer = (comm.rank + 1) % comm.size
+    left = (comm.rank - 1) % comm.size
+    req = comm.Isend(np.arange(300, dtype=np.int16), peer, tag=33)
+    status = await comm.probe(left, ANY_TAG)
+    assert status.source == left and status.tag == 33 and status.nbytes == 600
+    st2 = comm.iprobe(ANY_SOURCE, 33)
+    assert st2 is not None and st2.nbytes == 600
+    buf = np.empty(status.nbytes // 2, np.int16)
+    await comm.Recv(buf, status.source, status.tag)
+    assert np.array_equal(buf, np.arange(300, dtype=np.int16))
+    await req
+    assert comm.iprobe(left, 33) is None
+    await comm.barrier()
+
+
+@case
+async def communicators(comm):
+    """split/dup: separate message spaces, correct ranks, colour None."""
+    dup = await comm.dup()
+    assert dup.rank == comm.rank and dup.size == comm.size
+    peer = (comm.rank + 1) % comm.size
+    left = (comm.rank - 1) % comm.size
+    # Same tag on both communicators; the receive on `comm` must get comm's message even
+    # though dup's message was sent first.
+    r1 = dup.isend("on-dup", peer, tag=1)
+    await comm.barrier()
+    r2 = comm.isend("on-comm", peer, tag=1)
+    assert await comm.recv(left, 1) == "on-comm"
+    assert await dup.recv(left, 1) == "on-dup"
+    await ucxcomm.Request.waitall([r1, r2])
+    # split by parity, key reverses the order
+    sub = await comm.split(comm.rank % 2, key=-comm.rank)
+    members = [r for r in range(comm.size) if r % 2 == comm.rank % 2]
+    assert sub.size == len(members)
+    assert sub.rank == sorted(members, reverse=True).index(comm.rank)
+    ranks = await sub._allgather_obj(comm.rank)
+    assert ranks == sorted(members, reverse=True)
+    # sub traffic is isolated from comm traffic with the same tag
+    if sub.size > 1:
+        sp = (sub.rank + 1) % sub.size
+        sl = (sub.rank - 1) % sub.size
+        req = sub.isend(("sub", comm.rank), sp, tag=2)
+        assert (await sub.recv(sl, 2))[0] == "sub"
+        await req
+    none = await comm.split(None if comm.rank == 0 else 1)
+    assert (none is None) == (comm.rank == 0)
+    if none is not None:
+        assert none.size == comm.size - 1
+        await none.barrier()
+        await none.close()
+    await sub.barrier()
+    await sub.close()
+    try:
+        await sub.send(1, 0)
+    except ucxcomm.ClosedError:
+        pass
+    else:
+        raise AssertionError("send on a closed communicator")
+    await dup.close()
+
+
+@case
+async def barrier_and_timeouts(comm):
+    for _ in range(5):
+        await comm.barrier(timeout=30)
+    try:
+        await comm.recv(ANY_SOURCE, 4242, timeout=0.05)
+    except ucxcomm.CommTimeoutError as exc:
+        assert isinstance(exc, TimeoutError)
+    else:
+        raise AssertionError("recv did not time out")
+    info = comm.transport_info()
+    assert set(info) == set(range(comm.size))
+    assert all(lanes for lanes in info.values())
+
+
+@case
+async def peer_failure(comm):
+    """The last rank dies (no close); pending and new operations on it raise PeerFailure."""
+    victim = comm.size - 1
+    await comm.barrier()
+    if comm.rank == victim:
+        sys.stdout.write(f"CASE-OK peer_failure rank {comm.rank}\n")
+        sys.stdout.flush()
+        os._exit(0)  # dies without closing; exit 0 does not end the job
+    buf = np.empty(8)
+    try:
+        await comm.Recv(buf, victim, tag=1, timeout=30)
+    except ucxcomm.PeerFailure as exc:
+        assert exc.peer == victim, exc.peer
+    else:
+        raise AssertionError("no PeerFailure")
+    try:
+        await comm.Send(np.zeros(1 << 20), victim, tag=1, timeout=30)
+    except ucxcomm.PeerFailure:
+        pass
+    else:
+        raise AssertionError("send to a dead peer succeeded")
+    # The survivors can still talk among themselves.
+    live = comm.size - 1
+    if live > 1:
+        right, left = (comm.rank + 1) % live, (comm.rank - 1) % live
+        got = await comm.sendrecv(comm.rank, right, source=left, timeout=30)
+        assert got == left
+    comm.abort()
+    return "aborted"
+
+
+@case
+async def closed(comm):
+    await comm.close()
+    for call in (lambda: comm.Isend(b"x", 0), lambda: comm.irecv(0),
+                 lambda: comm.isend(1, 0)):
+        try:
+            call()
+        except ucxcomm.ClosedError:
+            pass
+        else:
+            raise AssertionError("operation on a closed comm")
+    return "closed"
+
+
+async def main(name: str) -> None:
+    comm = await ucxcomm.init()
+    assert await ucxcomm.init() is comm  # idempotent
+    outcome = await CASES[name](comm)
+    if outcome is None:
+        await comm.barrier(timeout=60)
+        await ucxcomm.finalize()
+    gc.collect()
+    print(f"CASE-OK {name} rank {comm.rank}", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))

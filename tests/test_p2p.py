@@ -1,0 +1,41 @@
+"""Point-to-point through real processes: every case on 1-4 ranks (3 = a non-power of two)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_case
+
+SIZES = [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("nranks", SIZES)
+@pytest.mark.parametrize("name", [
+    "ring_objects", "buffers_all_kinds", "nonblocking_waitall", "any_source_fan_in",
+    "self_messages", "truncation", "cancellation", "bad_input", "probe", "communicators",
+    "barrier_and_timeouts",
+])
+def test_p2p(name, nranks):
+    run_case("p2p_cases.py", name, nranks)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_ordering_many_in_flight(nranks):
+    run_case("p2p_cases.py", "ordering_many_in_flight", nranks)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_peer_failure(nranks):
+    proc = run_case("p2p_cases.py", "peer_failure", nranks)
+    assert "died or left" in proc.stderr
+
+
+def test_closed():
+    run_case("p2p_cases.py", "closed", 2)
+
+
+@pytest.mark.parametrize("name", ["ring_objects", "buffers_all_kinds", "any_source_fan_in",
+                                  "truncation", "cancellation"])
+def test_p2p_over_tcp(name):
+    """The same cases with UCX restricted to TCP (our fallback where there is no RDMA)."""
+    run_case("p2p_cases.py", name, 2, env={"UCX_TLS": "tcp,self"})
