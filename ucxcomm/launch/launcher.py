@@ -61,6 +61,8 @@ class _Job:
         self.stopping = True
         self.signal_all(first_sig)
         waits = [asyncio.ensure_future(p.wait()) for p in self.procs]
+        if not waits:
+            return
         _, pending = await asyncio.wait(waits, timeout=KILL_GRACE_S)
         if pending:
             self.signal_all(signal.SIGKILL)

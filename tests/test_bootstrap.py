@@ -1,0 +1,149 @@
+"""World formation from each launcher convention: unit checks of detect(), and real
+processes started with each convention's environment (no launcher in between)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, SPMD
+from ucxcomm import BootstrapError
+from ucxcomm.launch.bootstrap import detect, parse_nodelist
+
+PROG = str(SPMD / "world_prog.py")
+LAUNCHER_VARS = ("UCXCOMM_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "OMPI_", "PMI_",
+                 "MPI_LOCALNRANKS", "LOCAL_RANK", "TORCHELASTIC")
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_parse_nodelist():
+    assert parse_nodelist("node1") == ["node1"]
+    assert parse_nodelist("gpu[01-03,7],cpu5") == ["gpu01", "gpu02", "gpu03", "gpu7", "cpu5"]
+    assert parse_nodelist("a[8-10]") == ["a8", "a9", "a10"]
+
+
+def test_detect_conventions():
+    assert detect({}).size == 1 and detect({}).source == "singleton"
+    s = detect({"UCXCOMM_RANK": "1", "UCXCOMM_SIZE": "4", "UCXCOMM_STORE": "h:5",
+                "UCXCOMM_TOKEN": "t"})
+    assert (s.rank, s.size, s.host, s.port, s.host_store) == (1, 4, "h", 5, False)
+    s = detect({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "m", "MASTER_PORT": "100"})
+    assert (s.port, s.host_store, s.source) == (101, True, "torchrun")
+    s = detect({"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_NODELIST": "n[4-5]",
+                "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "1"})
+    assert (s.rank, s.size, s.host, s.port) == (3, 8, "n4", 20000 + (77 * 16 + 1) % 20000)
+    s = detect({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+                "UCXCOMM_STORE": "x:9"})
+    assert (s.host, s.port, s.source) == ("x", 9, "open mpi")
+    s = detect({"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "2"})
+    assert s.host == "127.0.0.1" and s.host_store
+    s = detect({}, rank=1, size=2, store="127.0.0.1:7")
+    assert (s.rank, s.size, s.port, s.host_store) == (1, 2, 7, False)
+
+
+@pytest.mark.parametrize("env, missing", [
+    ({"RANK": "0", "MASTER_ADDR": "x"}, "WORLD_SIZE, MASTER_PORT"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, "SLURM_NODELIST"),
+    ({"OMPI_COMM_WORLD_RANK": "0"}, "OMPI_COMM_WORLD_SIZE"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "4", "MPI_LOCALNRANKS": "2"}, "UCXCOMM_STORE"),
+    ({"UCXCOMM_RANK": "0", "UCXCOMM_SIZE": "2"}, "UCXCOMM_STORE, UCXCOMM_TOKEN"),
+    ({"RANK": "x", "WORLD_SIZE": "2", "MASTER_ADDR": "m", "MASTER_PORT": "1"}, "RANK='x'"),
+    ({"RANK": "5", "WORLD_SIZE": "2", "MASTER_ADDR": "m", "MASTER_PORT": "1"}, "out of range"),
+])
+def test_detect_names_what_is_missing(env, missing):
+    with pytest.raises(BootstrapError, match=missing.replace("(", r"\(")):
+        detect(env)
+
+
+def test_explicit_arguments_must_be_complete():
+    with pytest.raises(BootstrapError):
+        detect({}, rank=0)
+    with pytest.raises(BootstrapError, match="store"):
+        detect({}, rank=0, size=2)
+
+
+def spawn_world(nranks: int, rank_env) -> None:
+    procs = []
+    for r in range(nranks):
+        env = clean_env()
+        env.update(rank_env(r))
+        procs.append(subprocess.Popen([sys.executable, PROG], env=env, cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, stdin=subprocess.DEVNULL))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=90))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, f"rank {r}: exit {p.returncode}\n{out}\n{err[-4000:]}"
+        assert f"WORLD-OK rank {r} size {nranks}" in out
+
+
+def test_torchrun_env():
+    port = free_port()  # our store listens on MASTER_PORT + 1
+    spawn_world(3, lambda r: {"RANK": str(r), "WORLD_SIZE": "3", "LOCAL_RANK": str(r),
+                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port - 1)})
+
+
+def test_slurm_env():
+    port = free_port()
+    spawn_world(2, lambda r: {"SLURM_PROCID": str(r), "SLURM_NTASKS": "2",
+                              "SLURM_NODELIST": "localhost", "SLURM_JOB_ID": "4242",
+                              "UCXCOMM_PORT": str(port)})
+
+
+def test_open_mpi_env_single_host():
+    # One host: rank 0 serves the store at a port derived from the common parent pid.
+    spawn_world(2, lambda r: {"OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "2",
+                              "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+
+
+def test_pmi_env_with_store_address():
+    port = free_port()
+    spawn_world(3, lambda r: {"PMI_RANK": str(r), "PMI_SIZE": "3",
+                              "UCXCOMM_STORE": f"127.0.0.1:{port}"})
+
+
+def test_explicit_token_mismatch_is_a_bootstrap_error():
+    port = free_port()
+    procs = []
+    for r, token in ((0, "right"), (1, "wrong")):
+        env = clean_env()
+        env.update({"PMI_RANK": str(r), "PMI_SIZE": "2", "UCXCOMM_TOKEN": token,
+                    "UCXCOMM_STORE": f"127.0.0.1:{port}", "UCXCOMM_TIMEOUT": "20"})
+        procs.append(subprocess.Popen([sys.executable, PROG], env=env, cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    try:
+        out1, err1 = procs[1].communicate(timeout=60)
+        assert procs[1].returncode != 0
+        assert "BootstrapError" in err1 and "refused" in err1, err1[-3000:]
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+
+
+def test_singleton_without_launcher():
+    proc = subprocess.run([sys.executable, PROG], env=clean_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WORLD-OK rank 0 size 1" in proc.stdout

@@ -1,0 +1,102 @@
+"""``ucxcomm run`` behaves like mpirun: exit codes, signals, timeouts, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, SPMD, launch
+
+PROG = str(SPMD / "launcher_progs.py")
+
+
+def pids(out: str) -> list[int]:
+    return [int(p) for p in re.findall(r"PID \d+ (\d+)", out)]
+
+
+def assert_all_gone(pid_list: list[int]) -> None:
+    assert pid_list, "the ranks never reported their pids"
+    for pid in pid_list:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        # A zombie would be reaped by its parent (the launcher, now gone): check state.
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().split(")")[-1].split()[0]
+        assert state == "Z", f"rank process {pid} is still running (state {state})"
+
+
+def test_first_failure_ends_job_with_its_code():
+    proc = launch(3, [sys.executable, PROG, "fail"], timeout=60)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "rank 1 failed (exit code 3)" in proc.stderr
+    assert_all_gone(pids(proc.stdout))
+
+
+def test_signal_death_gives_128_plus_signal():
+    proc = launch(2, [sys.executable, PROG, "signal"], timeout=60)
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr[-3000:]
+    assert_all_gone(pids(proc.stdout))
+
+
+def test_rank_exiting_zero_does_not_end_job():
+    proc = launch(2, [sys.executable, PROG, "early_exit"], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[0] still-here" in proc.stdout
+
+
+def test_ok_job_and_tagged_output():
+    proc = launch(3, [sys.executable, PROG, "ok"], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in range(3):
+        assert f"[{r}] OK {r}" in proc.stdout
+
+
+def test_timeout_dumps_stacks_and_kills():
+    proc = launch(2, [sys.executable, PROG, "hang"], timeout=8)
+    assert proc.returncode == 124, proc.stderr[-3000:]
+    assert "timed out after 8 s" in proc.stderr
+    # faulthandler's dump, prefixed with the rank
+    assert re.search(r"\[[01]\] .*(Current thread|Thread 0x)", proc.stderr), proc.stderr[-3000:]
+    assert_all_gone(pids(proc.stdout))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_launcher_reaches_every_rank(sig):
+    cmd = [sys.executable, "-m", "ucxcomm.cli", "run", "-n", "3", "--tag-output",
+           "--timeout", "60", sys.executable, PROG, "hang"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=ROOT, stdin=subprocess.DEVNULL)
+    seen: list[str] = []
+    deadline = time.monotonic() + 60
+    assert p.stdout is not None
+    while sum("READY" in line for line in seen) < 3:
+        assert time.monotonic() < deadline, seen
+        line = p.stdout.readline()
+        assert line, f"launcher output ended early: {seen}"
+        seen.append(line)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 128 + sig, err[-3000:]
+    assert f"got signal {int(sig)}" in err
+    assert_all_gone(pids("".join(seen) + out))
+
+
+def test_usage_errors():
+    for args in (["-n", "0", "x.py"], ["-n", "2"]):
+        proc = subprocess.run([sys.executable, "-m", "ucxcomm.cli", "run", *args],
+                              capture_output=True, text=True, timeout=30, cwd=ROOT)
+        assert proc.returncode == 2, proc.stderr
+
+
+def test_missing_program():
+    proc = launch(2, ["/nonexistent/program"], timeout=30)
+    assert proc.returncode == 127
+    assert "cannot start" in proc.stderr
