@@ -1,0 +1,116 @@
+"""The public surface: no import side effects, __all__, error hierarchy, layering."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ucxcomm
+from conftest import ROOT
+
+PKG = ROOT / "ucxcomm"
+PUBLIC_MODULES = [
+    "ucxcomm", "ucxcomm.errors", "ucxcomm.comm", "ucxcomm.comm.communicator",
+    "ucxcomm.comm.request", "ucxcomm.comm.ops", "ucxcomm.comm.tags", "ucxcomm.transport",
+    "ucxcomm.transport.worker", "ucxcomm.transport.endpoint", "ucxcomm.launch",
+    "ucxcomm.launch.bootstrap", "ucxcomm.launch.store", "ucxcomm.launch.launcher",
+    "ucxcomm.cli", "ucxcomm._buffers",
+]
+
+
+def test_import_has_no_side_effects():
+    code = (
+        "import os, sys, threading, json\n"
+        "before = dict(os.environ); threads = threading.active_count()\n"
+        "import ucxcomm\n"
+        "print(json.dumps({'env_changed': dict(os.environ) != before,"
+        " 'ucx_loaded': any(m.startswith(('ucxx', 'ucxcomm.transport')) for m in sys.modules),"
+        " 'threads': threading.active_count() - threads}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert json.loads(out) == {"env_changed": False, "ucx_loaded": False, "threads": 0}
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_all_names_exist(name):
+    mod = importlib.import_module(name)
+    assert mod.__doc__, f"{name} has no docstring"
+    assert hasattr(mod, "__all__"), f"{name} has no __all__"
+    for attr in mod.__all__:
+        assert hasattr(mod, attr), f"{name}.__all__ names missing {attr}"
+
+
+def test_contract_names():
+    for name in ("init", "finalize", "ANY_SOURCE", "ANY_TAG", "SUM", "PROD", "MIN", "MAX",
+                 "BAND", "BOR", "BXOR", "LAND", "LOR", "REPLACE", "NO_OP", "Request", "Status",
+                 "TAG_UB", "Comm"):
+        assert hasattr(ucxcomm, name), name
+    assert ucxcomm.TAG_UB >= 2**20 - 1
+
+
+def test_error_hierarchy():
+    e = ucxcomm
+    for cls in (e.ClosedError, e.PeerFailure, e.CommTimeoutError, e.TruncationError,
+                e.BootstrapError, e.WindowError, e.UnsupportedError):
+        assert issubclass(cls, e.UcxCommError)
+    assert issubclass(e.CommTimeoutError, TimeoutError)
+    assert issubclass(e.UnsupportedError, NotImplementedError)
+    assert e.PeerFailure("x", peer=3).peer == 3
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    pkg = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+                names.add(mod)
+                names.update(f"{mod}.{a.name}" for a in node.names)
+            else:
+                names.add(node.module or "")
+    return names
+
+
+def test_layering():
+    """Only transport/_ucx.py imports ucxx or the cffi extension; comm never touches UCX."""
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        imports = _imports(path)
+        ucx = {i for i in imports if i.startswith("ucxx") or i.endswith("._ucp")}
+        if rel in ("ucxcomm/transport/_ucx.py", "ucxcomm/transport/_ucp_build.py"):
+            continue
+        assert not ucx, f"{rel} imports {ucx}"
+        if rel.startswith("ucxcomm/comm/"):
+            bad = {i for i in imports if i.startswith(("ucxcomm.transport", "ucxcomm.launch"))}
+            assert not bad, f"{rel} imports {bad}"
+        if rel.startswith("ucxcomm/transport/"):
+            bad = {i for i in imports if i.startswith(("ucxcomm.comm", "ucxcomm.launch"))}
+            assert not bad, f"{rel} imports {bad}"
+        if rel in ("ucxcomm/errors.py", "ucxcomm/_buffers.py"):
+            bad = {i for i in imports if i.startswith("ucxcomm.")
+                   and i not in ("ucxcomm.errors", "ucxcomm.errors.UnsupportedError")}
+            assert not bad, f"{rel} imports {bad}"
+
+
+def test_library_never_prints():
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ("ucxcomm/cli.py", "ucxcomm/transport/_ucp_build.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Name) and n.func.id == "print"]
+        assert not calls, f"{rel} calls print()"
