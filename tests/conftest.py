@@ -43,7 +43,7 @@ def run_case(script: str, name: str, nranks: int, *, timeout: float = 90.0,
 
 def pytest_collection_modifyitems(config, items):
     try:
-        import cupy  # noqa: F401
+        import cupy
 
         has_gpu = cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:

@@ -133,7 +133,7 @@ def test_explicit_token_mismatch_is_a_bootstrap_error():
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     try:
-        out1, err1 = procs[1].communicate(timeout=60)
+        _out1, err1 = procs[1].communicate(timeout=60)
         assert procs[1].returncode != 0
         assert "BootstrapError" in err1 and "refused" in err1, err1[-3000:]
     finally:

@@ -37,7 +37,7 @@ async def test_endpoint_send_recv(pair):
 
 
 async def test_masked_worker_recv_and_matched_probe(pair):
-    a, b, ep = pair
+    _a, b, ep = pair
     # Worker-level receive that matches any tag in 0x1200..0x12ff.
     out = np.zeros(4, np.int32)
     fut = b.tag_recv(b.recv_ptr(out), 0x1200, mask=FULL_MASK ^ 0xFF)
@@ -60,7 +60,7 @@ async def test_masked_worker_recv_and_matched_probe(pair):
 
 
 async def test_cancel_unmatched_probe_receive(pair):
-    a, b, ep = pair
+    _a, b, ep = pair
     buf = bytearray(8)
     fut = b.recv_into(b.recv_ptr(buf), 42, FULL_MASK, None)
     assert not isinstance(fut, tuple)
@@ -99,7 +99,7 @@ async def test_close_fails_pending_and_later_ops():
 
 
 async def test_bad_buffers_rejected_before_io(pair):
-    a, b, ep = pair
+    _a, b, ep = pair
     with pytest.raises(ValueError):
         ep.isend(np.zeros((4, 4))[:, ::2], 1)
     with pytest.raises(ValueError):
