@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError
+from .pool import FramePool
 from .request import Request, Status
 from .tags import (
     ANY_SOURCE,
@@ -57,6 +58,7 @@ class World:
         self._eps: dict[int, Any] = {}
         self.closed = False
         self.closers: list[Callable[[], Awaitable[None]]] = []
+        self.pool = FramePool()
         self.comm = Comm(self, tuple(range(size)), 0)
 
     def endpoint(self, world_rank: int) -> Any:
@@ -79,6 +81,7 @@ class World:
         if self.closed:
             return
         self.closed = True
+        self.pool.clear()
         try:
             for ep in self._eps.values():
                 ep.abort()
@@ -333,7 +336,7 @@ class Comm:
         ftag = make_tag(self._cid, KIND_FRAMES, status.source, seq)
         peers = self._peer_sets[status.source]
         worker = self._worker
-        buffers = [np.empty(n, dtype=np.uint8) for n in sizes]
+        buffers = [self._world.pool.take(n) for n in sizes]
         futs = [worker.tag_recv(worker.recv_ptr(b), ftag, _FULL, peers) for b in buffers]
         pending = [f for f in futs if f is not None]
         if pending:
