@@ -21,6 +21,10 @@ __all__ = ["FramePool"]
 MIN_POOLED = 1 << 20
 
 
+class _Pooled(np.ndarray):
+    """The pool's own reference to a block (see :meth:`FramePool.take`)."""
+
+
 class FramePool:
     """Exact-size free lists of ``uint8`` arrays, bounded to ``limit`` bytes in total.
 
@@ -48,10 +52,14 @@ class FramePool:
             if base is not None:
                 self._held -= nbytes
         if base is None:
-            base = np.empty(nbytes, dtype=np.uint8)
-        view = base[:]  # the user's data keeps `view` alive; `base` stays ours
-        weakref.finalize(view, self._give_back, base)
-        return view
+            base = _Pooled((nbytes,), dtype=np.uint8)  # owns its memory
+        # numpy collapses chains of views: an array's base becomes the first object in
+        # the chain whose own base has another type. The owner being a subclass stops
+        # the collapse at `handle`, so every array built on this memory keeps `handle`
+        # alive, and `handle` dying means the memory is free again.
+        handle = base.view(np.ndarray)
+        weakref.finalize(handle, self._give_back, base)
+        return handle
 
     def _give_back(self, base: np.ndarray) -> None:
         n = base.nbytes
