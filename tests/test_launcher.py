@@ -63,7 +63,9 @@ def test_timeout_dumps_stacks_and_kills():
     proc = launch(2, [sys.executable, PROG, "hang"], timeout=8)
     assert proc.returncode == 124, proc.stderr[-3000:]
     assert "timed out after 8 s" in proc.stderr
-    # faulthandler's dump, prefixed with the rank
+    # every rank's asyncio tasks (SIGUSR1), then faulthandler's dump, prefixed with the rank
+    assert "[0] rank 0: asyncio tasks at SIGUSR1" in proc.stderr, proc.stderr[-3000:]
+    assert "block_forever" in proc.stderr
     assert re.search(r"\[[01]\] .*(Current thread|Thread 0x)", proc.stderr), proc.stderr[-3000:]
     assert_all_gone(pids(proc.stdout))
 

@@ -15,8 +15,6 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import numpy as np
-
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError
 from .pool import FramePool
 from .request import Request, Status
@@ -219,7 +217,10 @@ class Comm:
         ClosedError, PeerFailure
         """
         fut = self._post_send(buf, dest, tag)
-        return Request.completed() if fut is None else Request(fut)
+        if fut is None:
+            return Request.completed()
+        self._worker.wake()
+        return Request(fut)
 
     async def Send(self, buf: Any, dest: int, tag: int = 0, *,
                    timeout: float | None = None) -> None:
@@ -288,6 +289,7 @@ class Comm:
                 return Request.completed(self._recv_status(res))
             except TruncationError as exc:
                 return Request.failed(exc)
+        self._worker.wake()
         task = asyncio.ensure_future(self._irecv_buffer(res))
         return Request(task, lambda: self._worker.cancel(res))
 
@@ -340,6 +342,7 @@ class Comm:
         futs = [worker.tag_recv(worker.recv_ptr(b), ftag, _FULL, peers) for b in buffers]
         pending = [f for f in futs if f is not None]
         if pending:
+            worker.wake()
             try:
                 if len(pending) == 1:
                     await worker.complete(pending[0])
@@ -370,6 +373,7 @@ class Comm:
         if len(futs) == 1:
             await _with_timeout(self._worker.complete(futs[0]), timeout, "send")
         elif futs:
+            self._worker.wake()
             await _with_timeout(asyncio.gather(*futs), timeout, "send")
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
@@ -380,6 +384,7 @@ class Comm:
         futs = [f for f in self._post_send_obj(obj, dest, KIND_P2P, tag) if f is not None]
         if not futs:
             return Request.completed()
+        self._worker.wake()
         return Request(futs[0] if len(futs) == 1 else asyncio.gather(*futs))
 
     async def recv(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
@@ -405,6 +410,7 @@ class Comm:
         """
         source, tag = self._check_recv(source, tag)
         res = self._post_recv_obj(source, KIND_P2P, tag)
+        self._worker.wake()
         task = asyncio.ensure_future(self._irecv_obj(res))
         if type(res) is tuple:
             return Request(task)
@@ -424,6 +430,7 @@ class Comm:
         futs = [f for f in self._post_send_obj(sendobj, dest, KIND_P2P, sendtag)
                 if f is not None]
         rres = self._post_recv_obj(source, KIND_P2P, recvtag)
+        self._worker.wake()
 
         async def both() -> tuple[Any, Status]:
             got = await self._finish_recv_obj(rres)
@@ -442,6 +449,7 @@ class Comm:
         source, recvtag = self._check_recv(source, recvtag)
         sfut = self._post_send(sendbuf, dest, sendtag)
         rres = self._worker.recv_into(rtarget, *self._match(KIND_P2P, source, recvtag))
+        self._worker.wake()
 
         async def both() -> Status:
             res = rres if type(rres) is tuple else await self._await_recv(rres)
@@ -489,6 +497,7 @@ class Comm:
                             if f is not None)
         rfuts = {r: self._post_recv_obj(r, KIND_COLL, seq) for r in range(self.size)
                  if r != self.rank}
+        self._worker.wake()
         for r, fut in rfuts.items():
             out[r] = (await self._finish_recv_obj(fut))[0]
         if futs:

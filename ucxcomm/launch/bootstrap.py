@@ -24,6 +24,7 @@ import asyncio
 import logging
 import os
 import re
+import signal
 import socket
 import zlib
 from collections.abc import Generator, Mapping
@@ -233,6 +234,8 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
             await server.close()
         raise
     world = World(worker, spec.rank, spec.size, addresses)
+    if spec.source == "ucxcomm":
+        _install_task_dump(spec.rank)
     if client is not None:
         client.on_dead = world.peer_failed
         host_rank = 0 if not spec.source == "ucxcomm" else None
@@ -264,6 +267,26 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
         world.closers.append(leave)
     log.debug("rank %d/%d: world formed via %s", spec.rank, spec.size, spec.source)
     return world
+
+
+def _install_task_dump(rank: int) -> None:
+    """Under ``ucxcomm run``: SIGUSR1 logs every asyncio task's stack (the launcher sends
+    it to the ranks that joined before dumping thread stacks on ``--timeout``)."""
+    loop = asyncio.get_running_loop()
+
+    def dump() -> None:
+        import io
+
+        out = io.StringIO()
+        for task in asyncio.all_tasks(loop):
+            out.write(f"--- task {task.get_name()}\n")
+            task.print_stack(file=out)
+        log.warning("rank %d: asyncio tasks at SIGUSR1:\n%s", rank, out.getvalue())
+
+    try:
+        loop.add_signal_handler(signal.SIGUSR1, dump)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        log.debug("cannot install the SIGUSR1 task dump")
 
 
 class _Init:

@@ -132,8 +132,18 @@ class _Job:
                           "stopping all ranks")
                 if self.code is None:
                     self.code = 124
+                # Ranks that joined the world log their asyncio tasks on SIGUSR1; then
                 # PYTHONFAULTHANDLER=1 makes Python ranks print every thread's stack on
-                # SIGABRT; with --tag-output each line carries the rank.
+                # SIGABRT. With --tag-output each line carries the rank.
+                joined = server.joined
+                for rank in joined:
+                    proc = self.procs[rank]
+                    if proc.returncode is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            proc.send_signal(signal.SIGUSR1)
+                if joined:
+                    await asyncio.wait([asyncio.ensure_future(p.wait()) for p in self.procs],
+                                       timeout=1.0)
                 await self.stop(signal.SIGABRT)
                 await asyncio.wait(watchers)
             if self.pumps:

@@ -94,6 +94,11 @@ class StoreServer:
             ) from exc
         return self
 
+    @property
+    def joined(self) -> list[int]:
+        """Ranks whose liveness connection is open now."""
+        return sorted(self._ranks.values())
+
     async def wait_until_gone(self, nranks: int, timeout: float) -> None:
         """Return once ``nranks`` joined ranks have left or died (or after ``timeout``)."""
         loop = asyncio.get_running_loop()

@@ -55,30 +55,31 @@ BURST_S = 20e-6
 
 
 class _Op:
-    """One pending transport operation, polled by the progress task."""
+    """One pending transport operation, polled by the progress task.
 
-    __slots__ = ("alloc", "cap", "device", "done", "future", "is_recv", "keep", "length",
-                 "mask", "peek", "peers", "ptr", "req", "scratch", "sender_tag", "settled",
-                 "tag")
+    Attributes default at class level: creating an op on the hot path only sets the
+    few that differ (measurably cheaper than initializing every slot).
+    """
 
-    def __init__(self, future: asyncio.Future, peers: frozenset | None) -> None:
+    req: Any = None  # the UCP request (cdata) while in flight
+    is_recv = False
+    keep: Any = None  # keeps memory alive while UCX may touch it
+    ptr: Any = None  # receive target ("into" ops)
+    cap = 0
+    device = False
+    scratch: Any = None  # (array, pointer) when a message outgrew the buffer
+    tag = 0
+    mask = FULL_MASK
+    alloc = False  # matched-probe op that allocates the buffer on match
+    peek = False  # probe op that only watches (does not consume)
+    sender_tag = 0
+    length = 0
+    done = False
+    settled: asyncio.Future | None = None
+
+    def __init__(self, future: asyncio.Future | None, peers: frozenset | None) -> None:
         self.future = future
         self.peers = peers
-        self.req: Any = None  # the UCP request (cdata) while in flight
-        self.is_recv = False
-        self.keep: Any = None  # keeps memory alive while UCX may touch it
-        self.ptr: Any = None  # receive target ("into" ops)
-        self.cap = 0
-        self.device = False
-        self.scratch: Any = None  # (array, pointer) when a message outgrew the buffer
-        self.tag = 0
-        self.mask = FULL_MASK
-        self.alloc = False  # matched-probe op that allocates the buffer on match
-        self.peek = False  # probe op that only watches (does not consume)
-        self.sender_tag = 0
-        self.length = 0
-        self.done = False
-        self.settled: asyncio.Future | None = None
 
     def mark_settled(self) -> None:
         self.done = True
@@ -216,8 +217,9 @@ class Worker:
         return None
 
     def _track(self, op: _Op) -> asyncio.Future:
+        # No wake-up here: the caller either awaits through complete() (which
+        # progresses the worker itself) or calls wake() (non-blocking operations).
         self._reqs.append(op)
-        self._kick()
         return op.future
 
     def send(self, ep_handle: int, obj: Any, tag: int, peers: frozenset | None
@@ -315,7 +317,6 @@ class Worker:
             return self._track(op)
         op.future = self._loop.create_future()
         self._probes.append(op)
-        self._kick()
         return op.future
 
     def _result(self, op: _Op) -> Any:
@@ -457,8 +458,9 @@ class Worker:
                         return fut.result()
             finally:
                 self._spinners -= 1
-                if not self._spinners:
-                    self._kick()
+                if not self._spinners and (self._reqs or self._probes):
+                    self._kick()  # others' operations are pending: hand them over
+        self._kick()
         return await fut
 
     # ----------------------------------------------------------- peer failure
@@ -479,6 +481,11 @@ class Worker:
         return peer in self._dead
 
     # ------------------------------------------------------------- progress
+    def wake(self) -> None:
+        """Make sure the progress task runs: call after posting operations that will
+        not be awaited through :meth:`complete` right away."""
+        self._kick()
+
     def _kick(self) -> None:
         if self._spinners:
             return  # an awaiter is progressing the worker; it kicks when it stops
@@ -575,10 +582,12 @@ class Worker:
     async def _wait_kick(self) -> None:
         fut = self._loop.create_future()
         self._sleeper = fut
+        handle = self._loop.call_later(IDLE_WAKE_S, _wake, fut)  # never wait unbounded
         try:
             await fut
         finally:
             self._sleeper = None
+            handle.cancel()
 
     async def _sleep(self) -> None:
         progress, wh = self._lib.ucxcomm_progress, self._wh
