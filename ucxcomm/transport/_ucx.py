@@ -41,21 +41,18 @@ lib: Any = None
 def load() -> Any:
     """Import ucxx (which loads libucp) and then the cffi extension bound to it.
 
-    Importing ucxx sets a few ``UCX_*`` variables when the user has not set them
-    (ucxx's own defaults, e.g. ``UCX_RNDV_THRESH``); that happens here, at ``init()``
-    time, never at ``import ucxcomm``. Returns the ucxx low-level module.
+    This happens at ``init()`` time, never at ``import ucxcomm``. Importing ucxx
+    exports a few ``UCX_*`` defaults of its own; :func:`_restore_ucx_env` undoes them.
+    Returns the ucxx low-level module.
     """
     global _lib, _arr, _ucp, Array, ffi, lib
     if _lib is not None:
         return _lib
-    user_memtype = "UCX_MEMTYPE_CACHE" in os.environ
+    before = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
     import ucxx._lib.arr as ucxx_arr
     import ucxx._lib.libucxx as libucxx
 
-    if not user_memtype:
-        # ucxx exports UCX_MEMTYPE_CACHE=n, which UCX 1.21 no longer knows and warns
-        # about on every context; the cache is off by default in current UCX anyway.
-        os.environ.pop("UCX_MEMTYPE_CACHE", None)
+    _restore_ucx_env(before)
     # Only after ucxx loaded libucp: the extension resolves libucp.so.0 by soname.
     from . import _ucp as ucp_ext
 
@@ -63,6 +60,22 @@ def load() -> Any:
     ffi, lib = ucp_ext.ffi, ucp_ext.lib
     _lib = libucxx
     return _lib
+
+
+def _restore_ucx_env(before: dict[str, str]) -> None:
+    """Undo the ``UCX_*`` defaults that importing ucxx exported behind the user's back.
+
+    ucxx sets e.g. ``UCX_MAX_RNDV_RAILS=1``, which cut 64 MiB tag bandwidth over TCP from
+    2.4 to 0.6 GB/s in ``ucx_perftest`` here, and ``UCX_MEMTYPE_CACHE=n``, which UCX 1.21
+    warns about. We run on UCX's own defaults plus whatever the user set; the choice
+    lives here, in one place (docs/design.md).
+    """
+    for key in [k for k in os.environ if k.startswith("UCX_")]:
+        if key not in before:
+            log.debug("dropping %s=%s exported by ucxx", key, os.environ[key])
+            del os.environ[key]
+        elif os.environ[key] != before[key]:
+            os.environ[key] = before[key]
 
 
 def ucx_version() -> str:
