@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 _FULL = (1 << 64) - 1
 _INLINE = 0
+_INLINE_PREFIX = bytes([_INLINE])
 _FRAMED = 1
 _HDR = struct.Struct("<BII")  # kind, number of frames, frame sequence number
 
@@ -312,7 +313,7 @@ class Comm:
         ep = self._ep(dest)
         utag = make_tag(self._cid, kind, self.rank, tag)
         if not raws:
-            return [ep.isend(b"\x00" + data, utag)]
+            return [ep.isend(_INLINE_PREFIX + data, utag)]
         seq = self._frame_seq[dest]
         self._frame_seq[dest] = (seq + 1) & TAG_UB
         head = _HDR.pack(_FRAMED, len(raws), seq) + struct.pack(
@@ -329,12 +330,16 @@ class Comm:
         if type(res) is not tuple:
             res = await self._await_recv(res)
         stag, nbytes, data = res
-        status = self._status(stag, nbytes)
         if data[0] == _INLINE:
-            return pickle.loads(data[1:]), status
+            source, tag = split_tag(stag)
+            return pickle.loads(memoryview(data)[1:]), Status(source, tag, nbytes)
+        return await self._recv_frames(stag, nbytes, data)
+
+    async def _recv_frames(self, stag: int, nbytes: int, data: Any) -> tuple[Any, Status]:
+        status = self._status(stag, nbytes)
         _, nframes, seq = _HDR.unpack_from(data, 0)
         sizes = struct.unpack_from(f"<{nframes}Q", data, _HDR.size)
-        payload = data[_HDR.size + 8 * nframes:]
+        payload = memoryview(data)[_HDR.size + 8 * nframes:]
         ftag = make_tag(self._cid, KIND_FRAMES, status.source, seq)
         peers = self._peer_sets[status.source]
         worker = self._worker
@@ -367,12 +372,19 @@ class Comm:
         ClosedError, PeerFailure, CommTimeoutError
         """
         self._check_open()
-        dest = self._check_peer(dest, "dest")
-        tag = self._check_tag(tag)
+        if type(dest) is not int or not 0 <= dest < self.size:
+            dest = self._check_peer(dest, "dest")
+        if type(tag) is not int or not 0 <= tag <= TAG_UB:
+            tag = self._check_tag(tag)
         futs = [f for f in self._post_send_obj(obj, dest, KIND_P2P, tag) if f is not None]
+        if not futs:
+            return
         if len(futs) == 1:
-            await _with_timeout(self._worker.complete(futs[0]), timeout, "send")
-        elif futs:
+            if timeout is None:
+                await self._worker.complete(futs[0])
+            else:
+                await _with_timeout(self._worker.complete(futs[0]), timeout, "send")
+        else:
             self._worker.wake()
             await _with_timeout(asyncio.gather(*futs), timeout, "send")
 

@@ -297,9 +297,10 @@ class Worker:
 
     def recv_alloc(self, tag: int, mask: int, peers: frozenset | None
                    ) -> tuple[int, int, Any] | asyncio.Future:
-        """Matched-probe receive into a new ``numpy.uint8`` array of the message's size.
+        """Matched-probe receive into new memory of the message's size (a ``bytearray``
+        below 64 KiB, else a ``numpy.uint8`` array).
 
-        Returns (or resolves to) ``(sender_tag, nbytes, array)``.
+        Returns (or resolves to) ``(sender_tag, nbytes, buffer)``.
         """
         self._check_open()
         op = _Op(None, peers)  # type: ignore[arg-type]
@@ -339,7 +340,8 @@ class Worker:
         op.sender_tag, op.length = stag, nbytes
         msg = self._msg_out[0]
         if op.alloc:
-            arr = _np.empty(nbytes, dtype=_np.uint8)
+            # Small: a bytearray is the cheapest allocation; large: numpy skips zeroing.
+            arr = bytearray(nbytes) if nbytes < 65536 else _np.empty(nbytes, dtype=_np.uint8)
             ptr = self._ffi.from_buffer(arr, require_writable=True)
             op.keep = (ptr, arr)
         elif nbytes <= op.cap:
