@@ -284,18 +284,18 @@ class Comm:
 
         ``req.cancel()`` withdraws it if no message matched yet.
         """
-        res = self._post_recv(buf, source, tag)
+        target = self._worker.recv_ptr(buf)  # validates the buffer first
+        source, tag = self._check_recv(source, tag)
+        worker = self._worker
+        res = worker.recv_into(target, *self._match(KIND_P2P, source, tag),
+                               finish=self._recv_status)
         if type(res) is tuple:
             try:
                 return Request.completed(self._recv_status(res))
             except TruncationError as exc:
                 return Request.failed(exc)
-        self._worker.wake()
-        task = asyncio.ensure_future(self._irecv_buffer(res))
-        return Request(task, lambda: self._worker.cancel(res))
-
-    async def _irecv_buffer(self, fut: asyncio.Future) -> Status:
-        return self._recv_status(await self._await_recv(fut))
+        worker.wake()
+        return Request(res, lambda: worker.cancel(res), lambda: worker.settle(res))
 
     # ------------------------------------------------------- object messages
     def _post_send_obj(self, obj: Any, dest: int, kind: int, tag: int) -> list[Any]:
@@ -426,6 +426,7 @@ class Comm:
         task = asyncio.ensure_future(self._irecv_obj(res))
         if type(res) is tuple:
             return Request(task)
+        # The task itself withdraws or settles the receive when cancelled.
         return Request(task, lambda: self._worker.cancel(res))
 
     async def _irecv_obj(self, res: Any) -> Any:

@@ -54,12 +54,14 @@ class Request:
     :class:`Status` for ``Irecv``, ``None`` for sends).
     """
 
-    __slots__ = ("_canceller", "_fut")
+    __slots__ = ("_canceller", "_fut", "_settle")
 
-    def __init__(self, fut: asyncio.Future, canceller: Callable[[], bool] | None = None
-                 ) -> None:
+    def __init__(self, fut: asyncio.Future, canceller: Callable[[], bool] | None = None,
+                 settle: Callable[[], Awaitable[None]] | None = None) -> None:
         self._fut = fut
         self._canceller = canceller
+        # For receives into a user buffer: wait until UCX no longer writes it.
+        self._settle = settle
 
     @classmethod
     def completed(cls, result: Any = None) -> Request:
@@ -74,7 +76,23 @@ class Request:
         return cls(fut)
 
     def __await__(self) -> Generator[Any, None, Any]:
-        return self._fut.__await__()
+        if self._settle is None:
+            return self._fut.__await__()
+        return self._wait().__await__()
+
+    async def _wait(self) -> Any:
+        try:
+            return await self._fut
+        except asyncio.CancelledError:
+            await self._after_cancel()
+            raise
+
+    async def _after_cancel(self) -> None:
+        """A cancelled wait: withdraw the receive, or let a matched one finish."""
+        if self._canceller is not None and self._canceller():
+            return
+        if self._settle is not None:
+            await self._settle()
 
     def done(self) -> bool:
         return self._fut.done()
@@ -111,7 +129,14 @@ class Request:
         (so no buffer is left in use behind your back).
         """
         reqs = list(requests)
-        results = await asyncio.gather(*(_as_future(r) for r in reqs), return_exceptions=True)
+        try:
+            results = await asyncio.gather(*(_as_future(r) for r in reqs),
+                                           return_exceptions=True)
+        except asyncio.CancelledError:
+            for r in reqs:
+                if isinstance(r, Request):
+                    await r._after_cancel()
+            raise
         for res in results:
             if isinstance(res, BaseException):
                 raise res

@@ -27,7 +27,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as _np
@@ -76,6 +76,7 @@ class _Op:
     length = 0
     done = False
     settled: asyncio.Future | None = None
+    finish: Callable[[Any], Any] | None = None  # maps the result before it is delivered
 
     def __init__(self, future: asyncio.Future | None, peers: frozenset | None) -> None:
         self.future = future
@@ -280,18 +281,21 @@ class Worker:
         return op.future
 
     def recv_into(self, target: tuple[Any, int, Any, bool], tag: int, mask: int,
-                  peers: frozenset | None) -> tuple[int, int, int] | asyncio.Future:
+                  peers: frozenset | None, finish: Callable[[Any], Any] | None = None
+                  ) -> tuple[int, int, int] | asyncio.Future:
         """Matched-probe receive of the first message matching (tag, mask) into ``target``
         (from :meth:`recv_ptr`).
 
         Returns ``(sender_tag, nbytes, capacity)`` when the message was already there and
         is fully received, else a future resolving to the same. If ``nbytes >
         capacity`` the message was consumed and the buffer holds its first ``capacity``
-        bytes (the caller reports the truncation).
+        bytes (the caller reports the truncation). ``finish``, if given, maps the result
+        before the *future* delivers it (its exceptions become the future's); an
+        immediate tuple result is returned unmapped.
         """
         self._check_open()
         op = _Op(None, peers)  # type: ignore[arg-type]
-        op.tag, op.mask = tag, mask
+        op.tag, op.mask, op.finish = tag, mask, finish
         op.ptr, op.cap, op.keep, op.device = target
         return self._post_match(op)
 
@@ -381,7 +385,14 @@ class Worker:
         if status < 0:
             fut.set_exception(_ucx.status_error(status, _first(op.peers)))
         elif op.alloc or op.ptr is not None:
-            fut.set_result(self._result(op))
+            result = self._result(op)
+            if op.finish is not None:
+                try:
+                    result = op.finish(result)
+                except Exception as exc:
+                    fut.set_exception(exc)
+                    return
+            fut.set_result(result)
         else:
             fut.set_result(None)
 
@@ -518,10 +529,14 @@ class Worker:
             self._reqs = keep
         if self._probes:
             keep = []
+            missed: set[tuple[int, int]] = set()
             for op in self._probes:
                 if op.future.done():  # cancelled by its awaiter
                     op.mark_settled()
                     finished += 1
+                elif (op.tag, op.mask) in missed and not self._dead:
+                    # Nothing arrived since the same criteria missed: skip the probe.
+                    keep.append(op)
                 elif self._try_match(op):
                     finished += 1
                     if op.req is not None:
@@ -531,6 +546,7 @@ class Worker:
                     op.future.set_exception(err)
                     finished += 1
                 else:
+                    missed.add((op.tag, op.mask))
                     keep.append(op)
             self._probes = keep
         return finished
