@@ -39,3 +39,10 @@ def test_closed():
 def test_p2p_over_tcp(name):
     """The same cases with UCX restricted to TCP (our fallback where there is no RDMA)."""
     run_case("p2p_cases.py", name, 2, env={"UCX_TLS": "tcp,self"})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_gpu_buffers(nranks):
+    """cupy buffers through UCX's CUDA transports (skipped without CUDA and cupy)."""
+    run_case("p2p_cases.py", "gpu_buffers", nranks)

@@ -429,6 +429,35 @@ async def closed(comm):
     return "closed"
 
 
+@case
+async def gpu_buffers(comm):
+    """cupy arrays end to end: Send/Recv straight between device buffers, truncation on
+    the device, and a cupy array inside an object (run only where CUDA exists)."""
+    import cupy
+
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    for n in (1, 8193, 1 << 22):
+        src = cupy.arange(n, dtype=cupy.float32) + comm.rank
+        dst = cupy.zeros(n, dtype=cupy.float32)
+        req = comm.Isend(src, right, tag=n % 1000)
+        status = await comm.Recv(dst, left, tag=n % 1000)
+        await req
+        assert status.nbytes == n * 4
+        assert bool((dst == cupy.arange(n, dtype=cupy.float32) + left).all())
+    big = cupy.ones(1000, cupy.int64)
+    small = cupy.zeros(10, cupy.int64)
+    req = comm.Isend(big, right, tag=5)
+    try:
+        await comm.Recv(small, left, tag=5)
+    except ucxcomm.TruncationError:
+        assert bool((small == 1).all())
+    else:
+        raise AssertionError("no TruncationError on the device")
+    await req
+    got = await comm.sendrecv({"x": cupy.full(3, comm.rank)}, right, source=left)
+    assert int(got["x"][0]) == left
+
+
 async def main(name: str) -> None:
     comm = await ucxcomm.init()
     assert await ucxcomm.init() is comm  # idempotent

@@ -133,6 +133,7 @@ class Comm:
         self._peers_all = frozenset(group)
         self._peer_sets = [frozenset((g,)) for g in group]
         self._eps: list[Any] = [None] * self.size
+        self._match_cache: dict[tuple[int, int, int], tuple[int, int, frozenset]] = {}
         self._p2p_base = make_tag(cid, KIND_P2P, self.rank, 0)
         self._frame_seq = [0] * self.size
         self._coll_seq = 0
@@ -179,10 +180,17 @@ class Comm:
                 self._check_tag(tag, allow_any=True))
 
     def _match(self, kind: int, source: int, tag: int) -> tuple[int, int, frozenset]:
-        """UCX (tag, mask) and the peers a receive depends on."""
-        peers = self._peers_all if source == ANY_SOURCE else self._peer_sets[source]
-        return (make_tag(self._cid, kind, max(source, 0), max(tag, 0)),
-                make_mask(source, tag), peers)
+        """UCX (tag, mask) and the peers a receive depends on (memoized: receives
+        repeat the same few (source, tag) pairs)."""
+        key = (kind, source, tag)
+        got = self._match_cache.get(key)
+        if got is None:
+            peers = self._peers_all if source == ANY_SOURCE else self._peer_sets[source]
+            got = (make_tag(self._cid, kind, max(source, 0), max(tag, 0)),
+                   make_mask(source, tag), peers)
+            if len(self._match_cache) < 4096:
+                self._match_cache[key] = got
+        return got
 
     def _status(self, stag: int, nbytes: int) -> Status:
         source, tag = split_tag(stag)
@@ -245,7 +253,11 @@ class Comm:
 
     def _post_recv(self, buf: Any, source: Any, tag: Any, kind: int = KIND_P2P) -> Any:
         target = self._worker.recv_ptr(buf)  # validates the buffer first
-        source, tag = self._check_recv(source, tag)
+        if (self._closed or type(source) is not int or type(tag) is not int
+                or not -1 <= source < self.size or not -1 <= tag <= TAG_UB):
+            source, tag = self._check_recv(source, tag)  # raises, or normalizes
+        elif self._world.closed:
+            raise ClosedError(f"{self!r} is closed")
         return self._worker.recv_into(target, *self._match(kind, source, tag))
 
     def _recv_status(self, result: tuple[int, int, int]) -> Status:

@@ -529,12 +529,14 @@ class Worker:
             self._reqs = keep
         if self._probes:
             keep = []
-            missed: set[tuple[int, int]] = set()
+            # (tag, mask) criteria that found nothing this round (only worth tracking when
+            # several probes are pending)
+            missed: set[tuple[int, int]] | None = set() if len(self._probes) > 1 else None
             for op in self._probes:
                 if op.future.done():  # cancelled by its awaiter
                     op.mark_settled()
                     finished += 1
-                elif (op.tag, op.mask) in missed and not self._dead:
+                elif missed and (op.tag, op.mask) in missed and not self._dead:
                     # Nothing arrived since the same criteria missed: skip the probe.
                     keep.append(op)
                 elif self._try_match(op):
@@ -546,7 +548,8 @@ class Worker:
                     op.future.set_exception(err)
                     finished += 1
                 else:
-                    missed.add((op.tag, op.mask))
+                    if missed is not None:
+                        missed.add((op.tag, op.mask))
                     keep.append(op)
             self._probes = keep
         return finished
@@ -577,9 +580,15 @@ class Worker:
                 deadline = now() + self._spin_s
                 while (self._reqs or self._probes) and not self._spinners:
                     burst_end = now() + BURST_S
+                    finished = 0
                     while True:
                         progress(wh)
-                        finished = self._poll()
+                        n = self._poll()
+                        finished += n
+                        # Keep collecting while completions keep coming (throughput of
+                        # many small messages); yield once a round brings nothing new.
+                        if n and now() < burst_end:
+                            continue
                         if finished or ready or now() > burst_end:
                             break
                     if finished:
