@@ -235,7 +235,7 @@ async def cancellation(comm):
     else:
         raise AssertionError("no CommTimeoutError")
     task = asyncio.ensure_future(comm.recv(left, tag=80))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one loop turn: the task starts and posts its receive
     task.cancel()
     try:
         await task
