@@ -107,3 +107,20 @@ async def test_bad_buffers_rejected_before_io(pair):
     with pytest.raises(TypeError):
         ep.isend(object(), 1)
     assert b.probe(1, FULL_MASK) is None
+
+
+async def test_cancel_posted_worker_receive(pair):
+    """A posted (non-probe) receive is withdrawn from UCP's expected queue on cancel."""
+    _a, b, ep = pair
+    buf = bytearray(8)
+    fut = b.tag_recv(b.recv_ptr(buf), 55)
+    assert fut is not None
+    assert b.cancel(fut) is False  # cancellation completes asynchronously...
+    with pytest.raises(ClosedError, match="canceled"):
+        await asyncio.wait_for(b.complete(fut), 10)  # ...with UCS_ERR_CANCELED
+    await ep.send(b"abcdefgh", tag=55)
+    other = bytearray(8)
+    fut2 = b.tag_recv(b.recv_ptr(other), 55)
+    if fut2 is not None:
+        await asyncio.wait_for(b.complete(fut2), 10)
+    assert other == b"abcdefgh" and buf == bytearray(8)

@@ -422,7 +422,8 @@ class Worker:
                     fut.cancel()
                 return True
         for op in self._reqs:
-            if op.future is fut and op.is_recv and op.alloc is None and op.req is not None:
+            if (op.future is fut and op.is_recv and op.ptr is None and not op.alloc
+                    and op.req is not None):
                 # A posted receive: UCP removes it if unmatched (it then completes
                 # with UCS_ERR_CANCELED); if matched, it completes normally.
                 self._lib.ucxcomm_cancel(self._wh, op.req)
