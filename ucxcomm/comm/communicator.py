@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import numbers
-import pickle
-import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .._serialize import Header, decode_header, encode, loads
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError
 from .pool import FramePool
 from .request import Request, Status
@@ -36,10 +35,6 @@ __all__ = ["Comm", "World"]
 log = logging.getLogger(__name__)
 
 _FULL = (1 << 64) - 1
-_INLINE = 0
-_INLINE_PREFIX = bytes([_INLINE])
-_FRAMED = 1
-_HDR = struct.Struct("<BII")  # kind, number of frames, frame sequence number
 
 
 class World:
@@ -311,28 +306,14 @@ class Comm:
 
     # ------------------------------------------------------- object messages
     def _post_send_obj(self, obj: Any, dest: int, kind: int, tag: int) -> list[Any]:
-        frames: list[pickle.PickleBuffer] = []
-        try:
-            data = pickle.dumps(obj, protocol=5, buffer_callback=frames.append)
-        except Exception as exc:
-            raise TypeError(f"cannot send a {type(obj).__name__}: it does not pickle ({exc})"
-                            ) from exc
-        raws = []
-        try:
-            raws = [f.raw() for f in frames]
-        except BufferError:  # a non-contiguous out-of-band buffer: fall back to in-band
-            data, raws = pickle.dumps(obj, protocol=5), []
-        ep = self._ep(dest)
-        utag = make_tag(self._cid, kind, self.rank, tag)
-        if not raws:
-            return [ep.isend(_INLINE_PREFIX + data, utag)]
         seq = self._frame_seq[dest]
-        self._frame_seq[dest] = (seq + 1) & TAG_UB
-        head = _HDR.pack(_FRAMED, len(raws), seq) + struct.pack(
-            f"<{len(raws)}Q", *(r.nbytes for r in raws))
-        futs = [ep.isend(head + data, utag)]
-        ftag = make_tag(self._cid, KIND_FRAMES, self.rank, seq)
-        futs.extend(ep.isend(r, ftag) for r in raws)
+        message, frames = encode(obj, seq)  # raises TypeError before any I/O
+        ep = self._ep(dest)
+        futs = [ep.isend(message, make_tag(self._cid, kind, self.rank, tag))]
+        if frames:
+            self._frame_seq[dest] = (seq + 1) & TAG_UB
+            ftag = make_tag(self._cid, KIND_FRAMES, self.rank, seq)
+            futs.extend(ep.isend(f, ftag) for f in frames)
         return futs
 
     def _post_recv_obj(self, source: int, kind: int, tag: int) -> Any:
@@ -342,20 +323,19 @@ class Comm:
         if type(res) is not tuple:
             res = await self._await_recv(res)
         stag, nbytes, data = res
-        if data[0] == _INLINE:
-            source, tag = split_tag(stag)
-            return pickle.loads(memoryview(data)[1:]), Status(source, tag, nbytes)
-        return await self._recv_frames(stag, nbytes, data)
+        source, tag = split_tag(stag)
+        header = decode_header(data)
+        if not header.sizes:
+            return loads(header), Status(source, tag, nbytes)
+        buffers = await self._recv_frames(source, header)
+        return loads(header, buffers), Status(source, tag, nbytes + sum(header.sizes))
 
-    async def _recv_frames(self, stag: int, nbytes: int, data: Any) -> tuple[Any, Status]:
-        status = self._status(stag, nbytes)
-        _, nframes, seq = _HDR.unpack_from(data, 0)
-        sizes = struct.unpack_from(f"<{nframes}Q", data, _HDR.size)
-        payload = memoryview(data)[_HDR.size + 8 * nframes:]
-        ftag = make_tag(self._cid, KIND_FRAMES, status.source, seq)
-        peers = self._peer_sets[status.source]
+    async def _recv_frames(self, source: int, header: Header) -> list[Any]:
+        """Receive the payload frames announced by ``header`` straight into pooled memory."""
+        ftag = make_tag(self._cid, KIND_FRAMES, source, header.seq)
+        peers = self._peer_sets[source]
         worker = self._worker
-        buffers = [self._world.pool.take(n) for n in sizes]
+        buffers = [self._world.pool.take(n) for n in header.sizes]
         futs = [worker.tag_recv(worker.recv_ptr(b), ftag, _FULL, peers) for b in buffers]
         pending = [f for f in futs if f is not None]
         if pending:
@@ -370,8 +350,7 @@ class Comm:
                 for f in pending:
                     await worker.settle(f)
                 raise
-        total = nbytes + sum(sizes)
-        return pickle.loads(payload, buffers=buffers), Status(status.source, status.tag, total)
+        return buffers
 
     async def send(self, obj: Any, dest: int, tag: int = 0, *,
                    timeout: float | None = None) -> None:
