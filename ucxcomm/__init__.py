@@ -39,6 +39,15 @@ from .launch.bootstrap import finalize, init
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):  # PEP 562: `ucxcomm.transport` without importing it eagerly
+    if name == "transport":
+        import importlib
+
+        return importlib.import_module(".transport", __name__)
+    raise AttributeError(f"module 'ucxcomm' has no attribute {name!r}")
+
+
 __all__ = [
     "ANY_SOURCE",
     "ANY_TAG",

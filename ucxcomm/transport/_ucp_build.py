@@ -63,6 +63,8 @@ int ucxcomm_tag_probe(uintptr_t worker, uint64_t tag, uint64_t mask, int remove,
 int ucxcomm_msg_recv(uintptr_t worker, void *buf, size_t n, void *msg, void **req,
                      uint64_t *sender_tag, size_t *length);
 int ucxcomm_test(void *req, int is_recv, uint64_t *sender_tag, size_t *length);
+int ucxcomm_stream_send(uintptr_t ep, const void *buf, size_t n, void **req);
+int ucxcomm_stream_recv(uintptr_t ep, void *buf, size_t n, void **req);
 unsigned ucxcomm_progress(uintptr_t worker);
 int ucxcomm_arm(uintptr_t worker);
 void ucxcomm_cancel(uintptr_t worker, void *req);
@@ -215,6 +217,24 @@ static int ucxcomm_test(void *req, int is_recv, uint64_t *sender_tag, size_t *le
     }
     ucp_request_free(req);
     return (int)st;
+}
+
+/* Stream messages (used for the connection handshake): recv waits for all n bytes. */
+static int ucxcomm_stream_send(uintptr_t ep, const void *buf, size_t n, void **req)
+{
+    ucp_request_param_t param;
+    param.op_attr_mask = 0;
+    return ucxcomm_status_ptr(ucp_stream_send_nbx((ucp_ep_h)ep, buf, n, &param), req);
+}
+
+static int ucxcomm_stream_recv(uintptr_t ep, void *buf, size_t n, void **req)
+{
+    ucp_request_param_t param;
+    size_t length = 0;
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_STREAM_RECV_FLAG_WAITALL;
+    return ucxcomm_status_ptr(ucp_stream_recv_nbx((ucp_ep_h)ep, buf, n, &length, &param),
+                              req);
 }
 
 static unsigned ucxcomm_progress(uintptr_t worker)

@@ -91,10 +91,10 @@ def libucp_path() -> str:
 
 
 def create_context(config: dict[str, str] | None = None) -> Any:
-    """A UCP context with TAG, RMA, AMO32, AMO64, AM and WAKEUP features."""
+    """A UCP context with TAG, STREAM, RMA, AMO32, AMO64, AM and WAKEUP features."""
     ucxx = load()
     f = ucxx.Feature
-    features = (f.TAG, f.RMA, f.AMO32, f.AMO64, f.AM, f.WAKEUP)
+    features = (f.TAG, f.STREAM, f.RMA, f.AMO32, f.AMO64, f.AM, f.WAKEUP)
     try:
         return ucxx.UCXContext(dict(config or {}), feature_flags=features)
     except ucxx.UCXError as exc:
@@ -131,6 +131,16 @@ def make_tag(value: int) -> Any:
 
 def make_tag_mask(value: int) -> Any:
     return _lib.UCXXTagMask(value)
+
+
+def create_listener(worker: Any, port: int, callback: Any) -> Any:
+    """A UCX listener on ``port`` (0: any); ``callback(conn_request)`` runs during
+    worker progress."""
+    ucxx = load()
+    try:
+        return ucxx.UCXListener.create(worker, port, callback)
+    except ucxx.UCXError as exc:
+        raise translate_error(exc) from exc
 
 
 def address_from_bytes(data: bytes) -> Any:

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ClosedError
+from .._serialize import decode_header, encode, loads
+from ..errors import ClosedError, TruncationError
 from . import _ucx
+from .worker import FULL_MASK
 
 if TYPE_CHECKING:
     from .worker import Worker
 
-__all__ = ["Endpoint"]
+__all__ = ["USER_TAG_MAX", "Endpoint"]
+
+#: Largest user tag on a connected endpoint; tags from 2**31 up are ucxcomm's own.
+USER_TAG_MAX = (1 << 31) - 1
+_OBJ_TAG = 1 << 31  # first message of an object; its frames follow on _OBJ_TAG + 1 + seq
+_FRAME_SEQS = (1 << 31) - 1
 
 
 class Endpoint:
@@ -20,7 +28,8 @@ class Endpoint:
     operations when that peer is declared dead.
     """
 
-    __slots__ = ("_closed", "_ep", "_handle", "_peers", "_worker", "peer")
+    __slots__ = ("_closed", "_ep", "_frame_seq", "_handle", "_peers", "_recv_ns", "_send_ns",
+                 "_worker", "peer")
 
     def __init__(self, worker: Worker, ucx_ep: Any, peer: Any = None) -> None:
         self._worker = worker
@@ -29,6 +38,11 @@ class Endpoint:
         self.peer = peer
         self._peers = frozenset((peer,)) if peer is not None else None
         self._closed = False
+        # Connected (listen/connect) endpoints scope their tags: the upper 32 bits of
+        # every UCX tag name the receiving side of this connection (set by the handshake).
+        self._send_ns: int | None = None
+        self._recv_ns: int | None = None
+        self._frame_seq = 0
 
     @property
     def closed(self) -> bool:
@@ -50,33 +64,115 @@ class Endpoint:
             raise ClosedError("the endpoint is closed")
         return self._worker.send_raw(self._handle, target, tag, self._peers)
 
+    def _scoped(self, ns: int | None, tag: int) -> int:
+        if ns is None:  # a raw worker-address endpoint: the tag is the UCX tag
+            if type(tag) is not int or not 0 <= tag < (1 << 64):
+                raise ValueError(f"tag {tag!r} must be an int in [0, 2**64)")
+            return tag
+        if type(tag) is not int or not 0 <= tag <= USER_TAG_MAX:
+            raise ValueError(f"tag {tag!r} must be an int in [0, {USER_TAG_MAX}]")
+        return (ns << 32) | tag
+
     async def send(self, buf: Any, tag: int = 0) -> None:
-        """Send ``buf`` with a 64-bit UCX ``tag``; returns when ``buf`` may be reused.
+        """Send the bytes of ``buf``; returns when ``buf`` may be reused.
+
+        On a connected endpoint (:func:`connect`, a :func:`listen` handler) ``tag`` is
+        a user tag ``0 <= tag <= 2**31 - 1`` scoped to this connection; on an endpoint
+        from a worker address it is the raw 64-bit UCX tag.
 
         Raises
         ------
         TypeError, ValueError
-            ``buf`` is not a contiguous buffer (nothing is sent).
+            ``buf`` is not a contiguous buffer, or bad tag (nothing is sent).
         ClosedError, PeerFailure
         """
-        fut = self.isend(buf, tag)
+        utag = self._scoped(self._send_ns, tag)
+        fut = self.isend(buf, utag)
         if fut is not None:
             await self._worker.complete(fut)
 
-    async def recv(self, buf: Any, tag: int = 0) -> None:
-        """Receive the next message with exactly ``tag`` (from any endpoint) into ``buf``.
+    async def recv(self, buf: Any, tag: int = 0) -> int:
+        """Receive the next message with ``tag`` (on a connected endpoint: sent on this
+        connection) into ``buf``; returns its size in bytes.
 
         Raises
         ------
         TypeError, ValueError
-            ``buf`` is not a contiguous writable buffer.
-        TruncationError, ClosedError, PeerFailure
+            ``buf`` is not a contiguous writable buffer, or bad tag.
+        TruncationError
+            The message was larger than ``buf`` (consumed; ``buf`` holds its prefix).
+        ClosedError, PeerFailure
         """
         self._check_open()
         worker = self._worker
-        fut = worker.tag_recv(worker.recv_ptr(buf), tag, peers=self._peers)
-        if fut is not None:
-            await worker.complete(fut)
+        target = worker.recv_ptr(buf)
+        res = worker.recv_into(target, self._scoped(self._recv_ns, tag), FULL_MASK,
+                               self._peers)
+        if type(res) is not tuple:
+            res = await worker.complete(res)
+        _, nbytes, cap = res
+        if nbytes > cap:
+            raise TruncationError(f"message of {nbytes} bytes truncated to the {cap}-byte "
+                                  "receive buffer", nbytes=nbytes, capacity=cap)
+        return nbytes
+
+    async def send_obj(self, obj: Any) -> None:
+        """Send a picklable object on a connected endpoint (numpy payloads zero-copy).
+
+        Raises
+        ------
+        TypeError
+            ``obj`` does not pickle (nothing is sent).
+        ClosedError, PeerFailure
+        """
+        self._check_connected()
+        seq = self._frame_seq
+        message, frames = encode(obj, seq)
+        futs = [self.isend(message, (self._send_ns << 32) | _OBJ_TAG)]
+        if frames:
+            self._frame_seq = (seq + 1) % _FRAME_SEQS
+            ftag = (self._send_ns << 32) | (_OBJ_TAG + 1 + seq)
+            futs.extend(self.isend(f, ftag) for f in frames)
+        pending = [f for f in futs if f is not None]
+        if len(pending) == 1:
+            await self._worker.complete(pending[0])
+        elif pending:
+            self._worker.wake()
+            await asyncio.gather(*pending)
+
+    async def recv_obj(self) -> Any:
+        """Receive the next object sent with :meth:`send_obj` on this connection.
+
+        Raises
+        ------
+        ClosedError, PeerFailure
+        """
+        self._check_connected()
+        worker = self._worker
+        base = self._recv_ns << 32  # type: ignore[operator]
+        res = worker.recv_alloc(base | _OBJ_TAG, FULL_MASK, self._peers)
+        if type(res) is not tuple:
+            res = await worker.complete(res)
+        header = decode_header(res[2])
+        if not header.sizes:
+            return loads(header)
+        import numpy as np
+
+        buffers = [np.empty(n, dtype=np.uint8) for n in header.sizes]
+        ftag = base | (_OBJ_TAG + 1 + header.seq)
+        pending = [f for f in (worker.tag_recv(worker.recv_ptr(b), ftag, FULL_MASK,
+                                               self._peers) for b in buffers)
+                   if f is not None]
+        if pending:
+            worker.wake()
+            await asyncio.gather(*pending)
+        return loads(header, buffers)
+
+    def _check_connected(self) -> None:
+        self._check_open()
+        if self._send_ns is None:
+            raise TypeError("send_obj/recv_obj need a connected endpoint "
+                            "(ucxcomm.transport.connect or a listen handler)")
 
     def transports(self) -> list[tuple[str, str]]:
         """The (transport, device) lanes UCX chose, e.g. ``[("posix", "memory")]``."""
@@ -84,12 +180,17 @@ class Endpoint:
         return _ucx.endpoint_transports(self._handle)
 
     def abort(self) -> None:
-        """Close at once (idempotent)."""
+        """Close at once (idempotent); pending operations on it fail."""
         if self._closed:
             return
         self._closed = True
+        if self.peer is not None and not self._worker.closed:
+            self._worker.fail_peer(self.peer, ClosedError("the endpoint was closed"),
+                                   grace=0.0)
         try:
-            self._ep.close()
+            # ucxx crashes closing an endpoint UCX already failed: only close live ones.
+            if self._ep.alive:
+                self._ep.close()
         except Exception:  # pragma: no cover - UCX already tore it down
             pass
 

@@ -154,6 +154,22 @@ class Worker:
         return str(self._worker.info)
 
     # ------------------------------------------------------------ endpoints
+    def listen(self, port: int, callback: Callable[[int], None]) -> Any:
+        """A UCX listener; ``callback(conn_request)`` runs during progress (see
+        :mod:`ucxcomm.transport.listener` for the public API)."""
+        self._check_open()
+        return _ucx.create_listener(self._worker, port, callback)
+
+    def connect_sockaddr(self, host: str, port: int) -> Any:
+        """A raw UCX endpoint to a listener at ``host:port`` (with UCX error handling)."""
+        self._check_open()
+        try:
+            return self._worker.create_endpoint_from_hostname(host, port, True)
+        except Exception as exc:
+            if _ucx.is_ucx_error(exc):
+                raise _ucx.translate_error(exc) from exc
+            raise
+
     def connect(self, address: bytes, peer: Any = None) -> Any:
         """An :class:`Endpoint` to the worker whose address is ``address``.
 
@@ -260,6 +276,32 @@ class Worker:
             raise _ucx.status_error(st, _first(peers), "receive")
         op = _Op(self._loop.create_future(), peers)
         op.req, op.keep, op.is_recv = self._req_out[0], keep, True
+        return self._track(op)
+
+    def stream_send(self, ep_handle: int, target: tuple[Any, int, Any, bool],
+                    peers: frozenset | None) -> asyncio.Future | None:
+        """Stream bytes to an endpoint (connection handshakes); None if done at once."""
+        self._check_open()
+        ptr, nbytes, keep, _ = target
+        st = self._lib.ucxcomm_stream_send(ep_handle, ptr, nbytes, self._req_out)
+        return self._stream_op(st, keep, peers, "stream send")
+
+    def stream_recv(self, ep_handle: int, target: tuple[Any, int, Any, bool],
+                    peers: frozenset | None) -> asyncio.Future | None:
+        """Receive exactly ``len(target)`` stream bytes from an endpoint."""
+        self._check_open()
+        ptr, nbytes, keep, _ = target
+        st = self._lib.ucxcomm_stream_recv(ep_handle, ptr, nbytes, self._req_out)
+        return self._stream_op(st, keep, peers, "stream receive")
+
+    def _stream_op(self, st: int, keep: Any, peers: frozenset | None, what: str
+                   ) -> asyncio.Future | None:
+        if st == 0:
+            return None
+        if st < 0:
+            raise _ucx.status_error(st, _first(peers), what)
+        op = _Op(self._loop.create_future(), peers)
+        op.req, op.keep = self._req_out[0], keep  # polled with ucp_request_check_status
         return self._track(op)
 
     def probe(self, tag: int, mask: int) -> tuple[int, int] | None:
@@ -478,17 +520,22 @@ class Worker:
         return await fut
 
     # ----------------------------------------------------------- peer failure
-    def fail_peer(self, peer: Any, exc: PeerFailure | None = None) -> None:
-        """Declare ``peer`` dead: its pending operations fail with PeerFailure.
+    def fail_peer(self, peer: Any, exc: BaseException | None = None,
+                  grace: float | None = None) -> None:
+        """Declare ``peer`` gone: its pending and future operations fail with ``exc``
+        (default :class:`PeerFailure`).
 
-        What it sent before dying is still delivered during a short grace period.
+        What it sent before dying is still delivered during a grace period
+        (``PEER_GRACE_S`` unless given).
         """
         if peer in self._dead:
             return
         if exc is None:
             exc = PeerFailure(f"peer {peer} failed", peer=peer)
-        self._dead[peer] = (time.monotonic() + PEER_GRACE_S, exc)
-        self._loop.call_later(PEER_GRACE_S * 1.5, self._kick)
+        if grace is None:
+            grace = PEER_GRACE_S
+        self._dead[peer] = (time.monotonic() + grace, exc)
+        self._loop.call_later(grace * 1.5, self._kick)
         self._kick()
 
     def is_dead(self, peer: Any) -> bool:

@@ -1,0 +1,137 @@
+"""Client/server endpoints without ranks: ucxcomm.transport.listen / connect."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ucxcomm
+from conftest import ROOT
+from ucxcomm import PeerFailure, TruncationError, UcxCommError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_buffers_and_objects_both_ways():
+    done = asyncio.get_running_loop().create_future()
+
+    async def handler(ep):
+        buf = np.empty(10)
+        n = await ep.recv(buf, tag=3)
+        obj = await ep.recv_obj()
+        await ep.send_obj({"n": n, "sum": float(buf.sum()), "echo": obj})
+        await ep.send(buf * 2, tag=4)
+        done.set_result(True)
+
+    async with await ucxcomm.transport.listen(handler) as lst:
+        assert lst.port > 0
+        ep = await ucxcomm.transport.connect("127.0.0.1", lst.port)
+        await ep.send(np.arange(10.0), tag=3)
+        await ep.send_obj({"big": np.ones(1 << 20), "s": "x"})
+        reply = await ep.recv_obj()
+        assert reply["n"] == 80 and reply["sum"] == 45.0
+        assert reply["echo"]["big"].sum() == 1 << 20 and reply["echo"]["s"] == "x"
+        back = np.empty(10)
+        assert await ep.recv(back, tag=4) == 80
+        assert np.array_equal(back, np.arange(10.0) * 2)
+        await asyncio.wait_for(done, 30)
+        ep.abort()
+
+
+async def test_connections_do_not_cross_match():
+    """Two clients use the same tag concurrently; each gets only its own replies."""
+
+    async def handler(ep):
+        for _ in range(20):
+            who = await ep.recv_obj()
+            await ep.send_obj(who)
+
+    async with await ucxcomm.transport.listen(handler) as lst:
+        eps = [await ucxcomm.transport.connect("127.0.0.1", lst.port) for _ in range(2)]
+
+        async def client(i, ep):
+            for k in range(20):
+                await ep.send_obj((i, k))
+                assert await ep.recv_obj() == (i, k)
+
+        await asyncio.gather(*(client(i, ep) for i, ep in enumerate(eps)))
+        for ep in eps:
+            ep.abort()
+
+
+async def test_truncation_and_bad_input():
+    ready = asyncio.get_running_loop().create_future()
+
+    async def handler(ep):
+        await ep.send(bytes(range(100)), tag=1)
+        await ep.send(b"next", tag=1)
+        ready.set_result(ep)
+
+    async with await ucxcomm.transport.listen(handler) as lst:
+        ep = await ucxcomm.transport.connect("127.0.0.1", lst.port)
+        small = bytearray(10)
+        with pytest.raises(TruncationError) as info:
+            await ep.recv(small, tag=1)
+        assert info.value.nbytes == 100 and small == bytes(range(10))
+        nxt = bytearray(4)
+        assert await ep.recv(nxt, tag=1) == 4 and nxt == b"next"
+        with pytest.raises(ValueError):
+            await ep.send(b"x", tag=-1)
+        with pytest.raises(ValueError):
+            await ep.send(b"x", tag=2**31)
+        with pytest.raises(ValueError):
+            await ep.recv(b"read-only", tag=1)
+        with pytest.raises(TypeError):
+            await ep.send_obj(lambda: None)
+        (await ready).abort()
+        ep.abort()
+
+
+async def test_dead_client_fails_pending_receive():
+    """A client process dies mid-connection: the server's pending recv raises PeerFailure."""
+    result = asyncio.get_running_loop().create_future()
+
+    async def handler(ep):
+        try:
+            await ep.recv(bytearray(8), tag=9)  # the client never sends it
+        except PeerFailure as exc:
+            result.set_result(exc)
+        except BaseException as exc:  # pragma: no cover - report anything else
+            result.set_result(exc)
+
+    async with await ucxcomm.transport.listen(handler) as lst:
+        code = (
+            "import asyncio, os, ucxcomm\n"
+            "async def main():\n"
+            f"    ep = await ucxcomm.transport.connect('127.0.0.1', {lst.port})\n"
+            "    await ep.send_obj('hello')\n"
+            "    os._exit(0)\n"
+            "asyncio.run(main())\n"
+        )
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, cwd=ROOT)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        exc = await asyncio.wait_for(result, 40)
+        assert isinstance(exc, PeerFailure), exc
+
+
+async def test_connect_refused():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises((UcxCommError, TimeoutError)):
+        ep = await ucxcomm.transport.connect("127.0.0.1", port, timeout=5)
+        await ep.recv(bytearray(1))  # pragma: no cover - must not get here
+
+
+def test_transport_is_lazy():
+    code = ("import sys, ucxcomm; assert 'ucxcomm.transport' not in sys.modules; "
+            "ucxcomm.transport.listen; assert 'ucxcomm.transport' in sys.modules; "
+            "assert 'ucxx' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

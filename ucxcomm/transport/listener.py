@@ -1,0 +1,181 @@
+"""``listen``/``connect``: endpoints without ranks, for client/server pipelines.
+
+A connection is a UCX endpoint created from a socket address (UCX's listener/connect,
+with UCX peer error handling on). Right after it is established both sides exchange, over
+the UCX stream API, the 32-bit namespace under which they receive; tags on the
+connection are then ``namespace << 32 | user tag``, so connections sharing a worker never
+match each other's messages. When the peer goes away, UCX closes the endpoint and its
+pending operations fail with :class:`~ucxcomm.PeerFailure`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import struct
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..errors import ClosedError, CommTimeoutError, PeerFailure
+from .endpoint import Endpoint
+from .worker import Worker
+
+__all__ = ["Listener", "connect", "default_worker", "listen"]
+
+log = logging.getLogger(__name__)
+
+_NS = struct.Struct("<I")
+_workers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Worker] = \
+    weakref.WeakKeyDictionary()
+_conn_ids = itertools.count(1)
+
+
+def default_worker() -> Worker:
+    """The worker ``listen``/``connect`` use on the running event loop (created lazily)."""
+    loop = asyncio.get_running_loop()
+    worker = _workers.get(loop)
+    if worker is None or worker.closed:
+        worker = _workers[loop] = Worker()
+    return worker
+
+
+def _new_namespace(worker: Worker) -> int:
+    taken = worker.__dict__.setdefault("_namespaces", set())
+    while True:
+        ns = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        if ns and ns not in taken:
+            taken.add(ns)
+            return ns
+
+
+async def _handshake(worker: Worker, ucx_ep: Any, timeout: float | None) -> Endpoint:
+    label = ("connection", next(_conn_ids))
+    ep = Endpoint(worker, ucx_ep, peer=label)
+    worker.endpoints.append(ep)
+
+    def closed_by_peer() -> None:
+        if not ep.closed:
+            log.info("connection %s closed by its peer", label[1])
+            worker.fail_peer(label, PeerFailure("the connection was closed by its peer",
+                                                peer=None))
+
+    ucx_ep.set_close_callback(closed_by_peer)
+    mine = _new_namespace(worker)
+    theirs = bytearray(_NS.size)
+    peers = frozenset((label,))
+    try:
+        async with asyncio.timeout(timeout):
+            sent = worker.stream_send(ep._handle, worker.send_ptr(_NS.pack(mine)), peers)
+            got = worker.stream_recv(ep._handle, worker.recv_ptr(theirs), peers)
+            futs = [f for f in (got, sent) if f is not None]
+            worker.wake()
+            results = await asyncio.gather(*futs, return_exceptions=True)
+            for res in results:
+                if isinstance(res, BaseException):
+                    raise res
+    except TimeoutError:
+        ep.abort()
+        raise CommTimeoutError(f"connection handshake took longer than {timeout:g} s") \
+            from None
+    except BaseException:
+        ep.abort()
+        raise
+    ep._recv_ns, ep._send_ns = mine, _NS.unpack(theirs)[0]
+    return ep
+
+
+class Listener:
+    """Accepts connections and runs ``handler(endpoint)`` for each, as a task.
+
+    Use :func:`listen` to create one. ``port`` is the bound port; ``close()`` stops
+    accepting (established connections stay open).
+    """
+
+    def __init__(self, worker: Worker, handler: Callable[[Endpoint], Awaitable[Any]],
+                 port: int, timeout: float | None) -> None:
+        self._worker = worker
+        self._handler = handler
+        self._timeout = timeout
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+        self._ucx = worker.listen(port, self._on_connection)
+        worker.wake()
+
+    @property
+    def port(self) -> int:
+        return int(self._ucx.port)
+
+    @property
+    def ip(self) -> str:
+        return str(self._ucx.ip)
+
+    def _on_connection(self, conn_request: int) -> None:
+        # Runs inside ucp_worker_progress: only schedule work here.
+        if self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._accept(conn_request))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept(self, conn_request: int) -> None:
+        try:
+            ucx_ep = self._ucx.create_endpoint_from_conn_request(conn_request, True)
+            ep = await _handshake(self._worker, ucx_ep, self._timeout)
+        except Exception:
+            log.exception("listener: accepting a connection failed")
+            return
+        try:
+            await self._handler(ep)
+        except Exception:
+            log.exception("listener: the connection handler raised")
+
+    def close(self) -> None:
+        """Stop accepting new connections (idempotent)."""
+        self._closed = True
+        self._ucx = None
+
+    async def __aenter__(self) -> Listener:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *,
+                 worker: Worker | None = None, timeout: float | None = 30.0) -> Listener:
+    """Accept connections on ``port`` (0: any free port, see ``listener.port``).
+
+    ``handler(ep)`` is a coroutine function, run as a task for each new connection.
+
+    Raises
+    ------
+    UcxCommError
+        The port cannot be bound.
+    """
+    return Listener(worker or default_worker(), handler, port, timeout)
+
+
+async def connect(host: str, port: int, *, worker: Worker | None = None,
+                  timeout: float | None = 30.0) -> Endpoint:
+    """Connect to a :func:`listen`-ing peer at ``host:port``.
+
+    Raises
+    ------
+    CommTimeoutError
+        Not established within ``timeout`` seconds.
+    PeerFailure
+        The peer refused or is unreachable.
+    ClosedError
+        ``worker`` is closed.
+    """
+    worker = worker or default_worker()
+    if worker.closed:
+        raise ClosedError("the worker is closed")
+    ucx_ep = worker.connect_sockaddr(host, port)
+    try:
+        return await _handshake(worker, ucx_ep, timeout)
+    except PeerFailure as exc:
+        raise PeerFailure(f"cannot connect to {host}:{port}: {exc}") from exc
