@@ -41,6 +41,38 @@ def run_case(script: str, name: str, nranks: int, *, timeout: float = 90.0,
     return proc
 
 
+LAUNCHER_VARS = ("UCXCOMM_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "OMPI_", "PMI_",
+                 "MPI_LOCALNRANKS", "LOCAL_RANK", "TORCHELASTIC")
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without any launcher's variables."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
+
+
+def run_ranks(commands: list[list[str]], envs: list[dict[str, str]], ok_line: str,
+              timeout: float = 90.0) -> list[str]:
+    """Start one process per rank (no launcher in between), wait for all (killing any
+    left at the deadline), require exit 0 and ``ok_line.format(rank=r)`` from each.
+    Returns each rank's stdout."""
+    procs = [subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+             for cmd, env in zip(commands, envs, strict=True)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, f"rank {r}: exit {p.returncode}\n{out}\n{err[-4000:]}"
+        assert ok_line.format(rank=r) in out, f"rank {r}:\n{out}\n{err[-4000:]}"
+    return [out for out, _ in outs]
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import cupy

@@ -3,26 +3,17 @@ processes started with each convention's environment (no launcher in between).""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, SPMD
+from conftest import ROOT, SPMD, clean_env, run_ranks
 from ucxcomm import BootstrapError
 from ucxcomm.launch.bootstrap import detect, parse_nodelist
 
 PROG = str(SPMD / "world_prog.py")
-LAUNCHER_VARS = ("UCXCOMM_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "OMPI_", "PMI_",
-                 "MPI_LOCALNRANKS", "LOCAL_RANK", "TORCHELASTIC")
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -76,25 +67,9 @@ def test_explicit_arguments_must_be_complete():
 
 
 def spawn_world(nranks: int, rank_env) -> None:
-    procs = []
-    for r in range(nranks):
-        env = clean_env()
-        env.update(rank_env(r))
-        procs.append(subprocess.Popen([sys.executable, PROG], env=env, cwd=ROOT,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, stdin=subprocess.DEVNULL))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=90))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 0, f"rank {r}: exit {p.returncode}\n{out}\n{err[-4000:]}"
-        assert f"WORLD-OK rank {r} size {nranks}" in out
+    envs = [dict(clean_env(), **rank_env(r)) for r in range(nranks)]
+    run_ranks([[sys.executable, PROG]] * nranks, envs,
+              "WORLD-OK rank {rank} size " + str(nranks))
 
 
 def test_torchrun_env():

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from conftest import ROOT, SPMD
+from conftest import SPMD, clean_env, run_ranks
 
 pytestmark = pytest.mark.netns
 
@@ -49,28 +49,13 @@ def two_hosts():
 def test_two_hosts_over_tcp(two_hosts):
     ns, addrs = two_hosts
     port = 29655
-    procs = []
-    for rank, n in enumerate(ns):
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("UCXCOMM_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_",
-                                    "OMPI_", "PMI_"))}
+    envs = []
+    for rank in range(2):
         # torchrun-style variables; shared memory is visible across namespaces on one
         # machine, so restrict UCX to TCP as between real hosts.
-        env.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR=addrs[0],
-                   MASTER_PORT=str(port - 1), UCX_TLS="tcp,self")
-        procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", n, sys.executable, PROG], env=env, cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=90))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 0, f"rank {rank}: {out}\n{err[-4000:]}"
-        assert f"NETNS-OK rank {rank}" in out
+        envs.append(dict(clean_env(), RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR=addrs[0],
+                         MASTER_PORT=str(port - 1), UCX_TLS="tcp,self"))
+    outs = run_ranks([["ip", "netns", "exec", n, sys.executable, PROG] for n in ns], envs,
+                     "NETNS-OK rank {rank}")
+    for out in outs:
         assert "tcp" in out and "vu" in out, out  # TCP over the veth, not loopback
