@@ -12,12 +12,15 @@ import pickle
 import struct
 from typing import Any
 
-__all__ = ["Header", "decode_header", "encode", "loads"]
+__all__ = ["FRAMED", "Header", "decode_header", "encode", "loads", "loads_inline"]
 
 _INLINE = 0
 _INLINE_PREFIX = bytes([_INLINE])
 _FRAMED = 1
 _HDR = struct.Struct("<BII")  # kind, number of frames, frame sequence number
+_NO_FRAMES: list[memoryview] = []  # shared, never mutated
+_dumps = pickle.dumps
+_loads = pickle.loads
 
 
 def encode(obj: Any, seq: int) -> tuple[bytes, list[memoryview]]:
@@ -30,10 +33,12 @@ def encode(obj: Any, seq: int) -> tuple[bytes, list[memoryview]]:
     """
     frames: list[pickle.PickleBuffer] = []
     try:
-        data = pickle.dumps(obj, protocol=5, buffer_callback=frames.append)
+        data = _dumps(obj, protocol=5, buffer_callback=frames.append)
     except Exception as exc:
         raise TypeError(f"cannot send a {type(obj).__name__}: it does not pickle ({exc})"
                         ) from exc
+    if not frames:  # the common small-object case, kept short
+        return _INLINE_PREFIX + data, _NO_FRAMES
     raws: list[memoryview] = []
     try:
         raws = [f.raw() for f in frames]
@@ -53,6 +58,18 @@ class Header:
 
     def __init__(self, payload: memoryview, seq: int, sizes: tuple[int, ...]) -> None:
         self.payload, self.seq, self.sizes = payload, seq, sizes
+
+
+def loads_inline(data: Any) -> Any:
+    """The object of an inline message, or ``_FRAMED`` when it announces frames."""
+    if data[0] == _INLINE:
+        return _loads(memoryview(data)[1:])
+    return _FRAMED_MARK
+
+
+_FRAMED_MARK = object()
+#: What :func:`loads_inline` returns for a message with payload frames.
+FRAMED = _FRAMED_MARK
 
 
 def decode_header(data: Any) -> Header:

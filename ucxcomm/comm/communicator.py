@@ -13,7 +13,7 @@ import numbers
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .._serialize import Header, decode_header, encode, loads
+from .._serialize import FRAMED, Header, decode_header, encode, loads, loads_inline
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError
 from .pool import FramePool
 from .request import Request, Status
@@ -246,14 +246,15 @@ class Comm:
             else:
                 await _with_timeout(self._worker.complete(fut), timeout, "Send")
 
-    def _post_recv(self, buf: Any, source: Any, tag: Any, kind: int = KIND_P2P) -> Any:
+    def _post_recv(self, buf: Any, source: Any, tag: Any, kind: int = KIND_P2P,
+                   spin: bool = False) -> Any:
         target = self._worker.recv_ptr(buf)  # validates the buffer first
         if (self._closed or type(source) is not int or type(tag) is not int
                 or not -1 <= source < self.size or not -1 <= tag <= TAG_UB):
             source, tag = self._check_recv(source, tag)  # raises, or normalizes
         elif self._world.closed:
             raise ClosedError(f"{self!r} is closed")
-        return self._worker.recv_into(target, *self._match(kind, source, tag))
+        return self._worker.recv_into(target, *self._match(kind, source, tag), spin=spin)
 
     def _recv_status(self, result: tuple[int, int, int]) -> Status:
         stag, nbytes, cap = result
@@ -278,7 +279,7 @@ class Comm:
             Non-contiguous or read-only buffer, bad rank or tag.
         ClosedError, PeerFailure, CommTimeoutError
         """
-        res = self._post_recv(buf, source, tag)
+        res = self._post_recv(buf, source, tag, spin=True)
         if type(res) is not tuple:
             if timeout is None:
                 res = await self._await_recv(res)
@@ -306,27 +307,33 @@ class Comm:
 
     # ------------------------------------------------------- object messages
     def _post_send_obj(self, obj: Any, dest: int, kind: int, tag: int) -> list[Any]:
-        seq = self._frame_seq[dest]
-        message, frames = encode(obj, seq)  # raises TypeError before any I/O
+        message, frames = encode(obj, self._frame_seq[dest])  # TypeError before any I/O
+        return self._send_framed(message, frames, dest, kind, tag)
+
+    def _send_framed(self, message: bytes, frames: list[Any], dest: int, kind: int,
+                     tag: int) -> list[Any]:
+        """Post an encoded object: its first message, then its payload frames."""
         ep = self._ep(dest)
         futs = [ep.isend(message, make_tag(self._cid, kind, self.rank, tag))]
         if frames:
+            seq = self._frame_seq[dest]
             self._frame_seq[dest] = (seq + 1) & TAG_UB
             ftag = make_tag(self._cid, KIND_FRAMES, self.rank, seq)
             futs.extend(ep.isend(f, ftag) for f in frames)
         return futs
 
-    def _post_recv_obj(self, source: int, kind: int, tag: int) -> Any:
-        return self._worker.recv_alloc(*self._match(kind, source, tag))
+    def _post_recv_obj(self, source: int, kind: int, tag: int, spin: bool = False) -> Any:
+        return self._worker.recv_alloc(*self._match(kind, source, tag), spin=spin)
 
     async def _finish_recv_obj(self, res: Any) -> tuple[Any, Status]:
         if type(res) is not tuple:
             res = await self._await_recv(res)
         stag, nbytes, data = res
         source, tag = split_tag(stag)
+        obj = loads_inline(data)
+        if obj is not FRAMED:
+            return obj, Status(source, tag, nbytes)
         header = decode_header(data)
-        if not header.sizes:
-            return loads(header), Status(source, tag, nbytes)
         buffers = await self._recv_frames(source, header)
         return loads(header, buffers), Status(source, tag, nbytes + sum(header.sizes))
 
@@ -367,9 +374,17 @@ class Comm:
             dest = self._check_peer(dest, "dest")
         if type(tag) is not int or not 0 <= tag <= TAG_UB:
             tag = self._check_tag(tag)
-        futs = [f for f in self._post_send_obj(obj, dest, KIND_P2P, tag) if f is not None]
-        if not futs:
-            return
+        message, frames = encode(obj, self._frame_seq[dest])  # TypeError before any I/O
+        if not frames:  # fast path: one message
+            fut = self._ep(dest).isend(message, self._p2p_base | tag)
+            if fut is None:
+                return
+            futs = [fut]
+        else:
+            futs = [f for f in self._send_framed(message, frames, dest, KIND_P2P, tag)
+                    if f is not None]
+            if not futs:
+                return
         if len(futs) == 1:
             if timeout is None:
                 await self._worker.complete(futs[0])
@@ -399,7 +414,14 @@ class Comm:
         ClosedError, PeerFailure, CommTimeoutError
         """
         source, tag = self._check_recv(source, tag)
-        res = self._post_recv_obj(source, KIND_P2P, tag)
+        res = self._post_recv_obj(source, KIND_P2P, tag, spin=True)
+        if type(res) is tuple:  # fast path: a small object that was already here
+            obj = loads_inline(res[2])
+            if obj is not FRAMED:
+                if return_status:
+                    src, utag = split_tag(res[0])
+                    return obj, Status(src, utag, res[1])
+                return obj
         if timeout is None:
             obj, status = await self._finish_recv_obj(res)
         else:

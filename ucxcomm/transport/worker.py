@@ -323,8 +323,8 @@ class Worker:
         return op.future
 
     def recv_into(self, target: tuple[Any, int, Any, bool], tag: int, mask: int,
-                  peers: frozenset | None, finish: Callable[[Any], Any] | None = None
-                  ) -> tuple[int, int, int] | asyncio.Future:
+                  peers: frozenset | None, finish: Callable[[Any], Any] | None = None,
+                  spin: bool = False) -> tuple[int, int, int] | asyncio.Future:
         """Matched-probe receive of the first message matching (tag, mask) into ``target``
         (from :meth:`recv_ptr`).
 
@@ -333,15 +333,17 @@ class Worker:
         capacity`` the message was consumed and the buffer holds its first ``capacity``
         bytes (the caller reports the truncation). ``finish``, if given, maps the result
         before the *future* delivers it (its exceptions become the future's); an
-        immediate tuple result is returned unmapped.
+        immediate tuple result is returned unmapped. ``spin=True`` (for callers about to
+        await the result) first waits for the message right here while the event loop
+        has nothing else to do.
         """
         self._check_open()
         op = _Op(None, peers)  # type: ignore[arg-type]
         op.tag, op.mask, op.finish = tag, mask, finish
         op.ptr, op.cap, op.keep, op.device = target
-        return self._post_match(op)
+        return self._post_match(op, spin)
 
-    def recv_alloc(self, tag: int, mask: int, peers: frozenset | None
+    def recv_alloc(self, tag: int, mask: int, peers: frozenset | None, spin: bool = False
                    ) -> tuple[int, int, Any] | asyncio.Future:
         """Matched-probe receive into new memory of the message's size (a ``bytearray``
         below 64 KiB, else a ``numpy.uint8`` array).
@@ -351,10 +353,10 @@ class Worker:
         self._check_open()
         op = _Op(None, peers)  # type: ignore[arg-type]
         op.tag, op.mask, op.alloc = tag, mask, True
-        return self._post_match(op)
+        return self._post_match(op, spin)
 
-    def _post_match(self, op: _Op) -> Any:
-        if not self._probes and self._try_match(op):
+    def _post_match(self, op: _Op, spin: bool = False) -> Any:
+        if not self._probes and (self._try_match(op) or (spin and self._spin_match(op))):
             if op.req is None:  # completed on the spot
                 fut = op.future
                 if fut is not None:  # completed with an error
@@ -365,6 +367,25 @@ class Worker:
         op.future = self._loop.create_future()
         self._probes.append(op)
         return op.future
+
+    def _spin_match(self, op: _Op) -> bool:
+        """Progress and probe for ``op`` right here, without an event-loop round trip,
+        while nothing else is ready to run (at most ``spin_us``). Only called when no
+        earlier receive is pending, so matching order is kept."""
+        if self._spin_s <= 0 or self._closed:
+            return False
+        ready = getattr(self._loop, "_ready", None)
+        if ready is None or ready:
+            return False
+        progress, wh, now = self._lib.ucxcomm_progress, self._wh, time.perf_counter
+        end = now() + self._spin_s
+        while not ready and now() < end:
+            progress(wh)
+            if self._try_match(op):
+                return True
+            if self._reqs:
+                self._poll()  # others' requests complete meanwhile
+        return False
 
     def _result(self, op: _Op) -> Any:
         if op.alloc:
