@@ -55,7 +55,8 @@ void ucp_request_cancel(ucp_worker_h worker, void *request);
 /* helpers defined below */
 int ucxcomm_ep_transports(uintptr_t ep, char *out, size_t outlen);
 const char *ucxcomm_libucp_path(void);
-int ucxcomm_tag_send(uintptr_t ep, const void *buf, size_t n, uint64_t tag, void **req);
+int ucxcomm_tag_send(uintptr_t ep, const void *buf, size_t n, uint64_t tag, int fast,
+                     void **req);
 int ucxcomm_tag_recv(uintptr_t worker, void *buf, size_t n, uint64_t tag, uint64_t mask,
                      void **req, uint64_t *sender_tag, size_t *length);
 int ucxcomm_tag_probe(uintptr_t worker, uint64_t tag, uint64_t mask, int remove,
@@ -141,13 +142,13 @@ static int ucxcomm_status_ptr(ucs_status_ptr_t sp, void **req)
 }
 
 static int ucxcomm_tag_send(uintptr_t ep, const void *buf, size_t n, uint64_t tag,
-                            void **req)
+                            int fast, void **req)
 {
     ucp_request_param_t param;
-    /* FAST_CMPL: we complete sends as soon as the buffer may be reused, so let UCX pick
-     * the protocols for that (multi-fragment eager up to 256 KiB on shared memory instead
-     * of rendezvous from ~5 KiB; measured in docs/design.md). */
-    param.op_attr_mask = UCP_OP_ATTR_FLAG_FAST_CMPL;
+    /* fast: ask for fast local completion, which makes UCX pick multi-fragment eager up
+     * to 256 KiB on shared memory instead of rendezvous from ~5 KiB (the caller decides
+     * per endpoint and size; measured in docs/design.md). */
+    param.op_attr_mask = fast ? UCP_OP_ATTR_FLAG_FAST_CMPL : 0;
     return ucxcomm_status_ptr(ucp_tag_send_nbx((ucp_ep_h)ep, buf, n, tag, &param), req);
 }
 

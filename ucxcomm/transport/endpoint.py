@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .._serialize import decode_header, encode, loads
 from ..errors import ClosedError, TruncationError
 from . import _ucx
-from .worker import FULL_MASK
+from .worker import FAST_SEND_TRANSPORTS, FULL_MASK
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -28,8 +28,8 @@ class Endpoint:
     operations when that peer is declared dead.
     """
 
-    __slots__ = ("_closed", "_ep", "_frame_seq", "_handle", "_peers", "_recv_ns", "_send_ns",
-                 "_worker", "peer")
+    __slots__ = ("_closed", "_ep", "_fast", "_frame_seq", "_handle", "_peers", "_recv_ns",
+                 "_send_ns", "_worker", "peer")
 
     def __init__(self, worker: Worker, ucx_ep: Any, peer: Any = None) -> None:
         self._worker = worker
@@ -43,6 +43,12 @@ class Endpoint:
         self._send_ns: int | None = None
         self._recv_ns: int | None = None
         self._frame_seq = 0
+        # Fast-completion sends when every lane is shared memory or self (see worker).
+        try:
+            lanes = _ucx.endpoint_transports(self._handle)
+        except Exception:  # pragma: no cover - endpoint not wired up yet
+            lanes = []
+        self._fast = bool(lanes) and all(tl in FAST_SEND_TRANSPORTS for tl, _ in lanes)
 
     @property
     def closed(self) -> bool:
@@ -56,13 +62,13 @@ class Endpoint:
         """Post a tag send; returns a future, or None if it already completed."""
         if self._closed:
             raise ClosedError("the endpoint is closed")
-        return self._worker.send(self._handle, buf, tag, self._peers)
+        return self._worker.send(self._handle, buf, tag, self._peers, self._fast)
 
     def isend_raw(self, target: tuple[Any, int, Any, bool], tag: int) -> Any:
         """Like :meth:`isend` for a target prepared by ``Worker.send_ptr``."""
         if self._closed:
             raise ClosedError("the endpoint is closed")
-        return self._worker.send_raw(self._handle, target, tag, self._peers)
+        return self._worker.send_raw(self._handle, target, tag, self._peers, self._fast)
 
     def _scoped(self, ns: int | None, tag: int) -> int:
         if ns is None:  # a raw worker-address endpoint: the tag is the UCX tag
