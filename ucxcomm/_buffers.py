@@ -6,10 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-try:
-    from numpy import ndarray as _ndarray
-except ImportError:  # pragma: no cover - numpy is a dependency
-    _ndarray = None
+from numpy import ndarray as _ndarray
 
 __all__ = ["BufferSpec", "as_recv_buffer", "as_send_buffer", "host_bytes", "prefix", "scratch_like"]
 
@@ -178,7 +175,7 @@ def prefix(spec: BufferSpec, nbytes: int) -> BufferSpec:
 def host_bytes(spec: BufferSpec) -> Any:
     """A flat, byte-indexed view of a host buffer (no copy)."""
     obj = spec.obj
-    if _ndarray is not None and isinstance(obj, _ndarray):
+    if isinstance(obj, _ndarray):
         import numpy as np
 
         return obj.reshape(-1).view(np.uint8)
@@ -193,4 +190,4 @@ def scratch_like(spec: BufferSpec, nbytes: int) -> BufferSpec:
         return BufferSpec(cupy.empty(nbytes, dtype=cupy.uint8), nbytes, True)
     import numpy as np
 
-    return BufferSpec(memoryview(np.empty(nbytes, dtype=np.uint8)), nbytes, False)
+    return BufferSpec(np.empty(nbytes, dtype=np.uint8).data, nbytes, False)

@@ -516,7 +516,7 @@ class Comm:
         seq = self._next_coll_tag()
         out: list[Any] = [None] * self.size
         out[self.rank] = obj
-        futs = []
+        futs: list[Any] = []
         for r in range(self.size):
             if r != self.rank:
                 futs.extend(f for f in self._post_send_obj(obj, r, KIND_COLL, seq)

@@ -194,8 +194,9 @@ def _bind_host(host: str) -> str:
         infos = socket.getaddrinfo(host, None)
     except OSError:
         return "0.0.0.0"
-    if all(info[4][0].startswith("127.") or info[4][0] == "::1" for info in infos):
-        return infos[0][4][0]
+    addrs = [str(info[4][0]) for info in infos]
+    if all(a.startswith("127.") or a == "::1" for a in addrs):
+        return addrs[0]
     return "0.0.0.0"
 
 

@@ -264,7 +264,8 @@ class StoreClient:
                     if msg["event"] == "dead" and self.on_dead is not None:
                         self.on_dead(int(msg["rank"]))
                     continue
-                fut = self._pending.pop(msg.get("id"), None)
+                rid = msg.get("id")
+                fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):

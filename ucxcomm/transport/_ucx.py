@@ -54,7 +54,7 @@ def load() -> Any:
 
     _restore_ucx_env(before)
     # Only after ucxx loaded libucp: the extension resolves libucp.so.0 by soname.
-    from . import _ucp as ucp_ext
+    from . import _ucp as ucp_ext  # type: ignore[attr-defined]  # built by cffi
 
     _arr, _ucp, Array = ucxx_arr, ucp_ext, ucxx_arr.Array
     ffi, lib = ucp_ext.ffi, ucp_ext.lib

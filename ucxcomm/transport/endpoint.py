@@ -112,8 +112,8 @@ class Endpoint:
         self._check_open()
         worker = self._worker
         target = worker.recv_ptr(buf)
-        res = worker.recv_into(target, self._scoped(self._recv_ns, tag), FULL_MASK,
-                               self._peers)
+        res: Any = worker.recv_into(target, self._scoped(self._recv_ns, tag), FULL_MASK,
+                                    self._peers)
         if type(res) is not tuple:
             res = await worker.complete(res)
         _, nbytes, cap = res
@@ -131,13 +131,13 @@ class Endpoint:
             ``obj`` does not pickle (nothing is sent).
         ClosedError, PeerFailure
         """
-        self._check_connected()
+        ns = self._check_connected()[0]
         seq = self._frame_seq
         message, frames = encode(obj, seq)
-        futs = [self.isend(message, (self._send_ns << 32) | _OBJ_TAG)]
+        futs = [self.isend(message, (ns << 32) | _OBJ_TAG)]
         if frames:
             self._frame_seq = (seq + 1) % _FRAME_SEQS
-            ftag = (self._send_ns << 32) | (_OBJ_TAG + 1 + seq)
+            ftag = (ns << 32) | (_OBJ_TAG + 1 + seq)
             futs.extend(self.isend(f, ftag) for f in frames)
         pending = [f for f in futs if f is not None]
         if len(pending) == 1:
@@ -153,10 +153,9 @@ class Endpoint:
         ------
         ClosedError, PeerFailure
         """
-        self._check_connected()
+        base = self._check_connected()[1] << 32
         worker = self._worker
-        base = self._recv_ns << 32  # type: ignore[operator]
-        res = worker.recv_alloc(base | _OBJ_TAG, FULL_MASK, self._peers)
+        res: Any = worker.recv_alloc(base | _OBJ_TAG, FULL_MASK, self._peers)
         if type(res) is not tuple:
             res = await worker.complete(res)
         header = decode_header(res[2])
@@ -174,11 +173,13 @@ class Endpoint:
             await asyncio.gather(*pending)
         return loads(header, buffers)
 
-    def _check_connected(self) -> None:
+    def _check_connected(self) -> tuple[int, int]:
+        """``(send namespace, receive namespace)``; raises unless connected."""
         self._check_open()
-        if self._send_ns is None:
+        if self._send_ns is None or self._recv_ns is None:
             raise TypeError("send_obj/recv_obj need a connected endpoint "
                             "(ucxcomm.transport.connect or a listen handler)")
+        return self._send_ns, self._recv_ns
 
     def transports(self) -> list[tuple[str, str]]:
         """The (transport, device) lanes UCX chose, e.g. ``[("posix", "memory")]``."""

@@ -84,7 +84,7 @@ class _Op:
     finish: Callable[[Any], Any] | None = None  # maps the result before it is delivered
 
     def __init__(self, future: asyncio.Future | None, peers: frozenset | None) -> None:
-        self.future = future
+        self.future: Any = future  # None only until _post_match decides
         self.peers = peers
 
     def mark_settled(self) -> None:
