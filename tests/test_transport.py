@@ -124,3 +124,16 @@ async def test_cancel_posted_worker_receive(pair):
     if fut2 is not None:
         await asyncio.wait_for(b.complete(fut2), 10)
     assert other == b"abcdefgh" and buf == bytearray(8)
+
+
+def test_unclosed_worker_is_released_at_loop_shutdown():
+    """asyncio.run cancels the progress task at teardown: the worker aborts itself."""
+    box = {}
+
+    async def main():
+        box["w"] = Worker()
+        box["fut"] = box["w"].recv_into(box["w"].recv_ptr(bytearray(4)), 1, FULL_MASK, None)
+
+    asyncio.run(main())
+    assert box["w"].closed
+    assert isinstance(box["fut"].exception(), ClosedError)

@@ -34,7 +34,8 @@ _conn_ids = itertools.count(1)
 
 
 def default_worker() -> Worker:
-    """The worker ``listen``/``connect`` use on the running event loop (created lazily)."""
+    """The worker ``listen``/``connect`` use on the running event loop (created lazily;
+    released when the loop's tasks are cancelled at shutdown, e.g. by ``asyncio.run``)."""
     loop = asyncio.get_running_loop()
     worker = _workers.get(loop)
     if worker is None or worker.closed:

@@ -680,9 +680,14 @@ class Worker:
                 # Let the woken waiters run (and post their next operation) first.
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
+            if not self._closed:
+                # Cancelled from outside (asyncio.run tearing the loop down without our
+                # close()): release UCX resources now, while the loop still runs.
+                self.abort()
             raise
         except Exception:  # pragma: no cover - a bug; make it loud
             log.exception("ucxcomm progress loop crashed")
+            self.abort()
             raise
 
     async def _wait_kick(self) -> None:
