@@ -122,3 +122,12 @@ def test_singleton_without_launcher():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "WORLD-OK rank 0 size 1" in proc.stdout
+
+
+def test_finalize_then_init_again_under_the_launcher():
+    from conftest import launch
+
+    proc = launch(3, [sys.executable, str(SPMD / "reinit_prog.py")], timeout=90)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for r in range(3):
+        assert f"[{r}] REINIT-OK rank {r}" in proc.stdout

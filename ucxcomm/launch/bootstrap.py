@@ -202,6 +202,13 @@ def _bind_host(host: str) -> str:
 
 _world: World | None = None
 _lock: asyncio.Lock | None = None
+_generation = 0
+
+
+def _next_generation() -> int:
+    global _generation
+    _generation += 1
+    return _generation
 
 
 async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | None
@@ -225,8 +232,12 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
         if client is None:
             addresses = [worker.address]
         else:
-            await client.set(f"addr/{spec.rank}", worker.address, timeout)
-            addresses = [await client.get(f"addr/{r}", timeout) for r in range(spec.size)]
+            # Keys are per world generation: a job may finalize and init again (every
+            # rank the same number of times), and the launcher's store outlives worlds.
+            gen = _next_generation()
+            await client.set(f"w{gen}/addr/{spec.rank}", worker.address, timeout)
+            addresses = [await client.get(f"w{gen}/addr/{r}", timeout)
+                         for r in range(spec.size)]
     except BaseException:
         worker.abort()
         if client is not None:
