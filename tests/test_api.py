@@ -21,7 +21,8 @@ PUBLIC_MODULES = [
     "ucxcomm.transport.worker", "ucxcomm.transport.endpoint", "ucxcomm.launch",
     "ucxcomm.launch.bootstrap", "ucxcomm.launch.store", "ucxcomm.launch.launcher",
     "ucxcomm.cli", "ucxcomm._buffers", "ucxcomm._serialize", "ucxcomm.comm.pool",
-    "ucxcomm.transport.listener", "ucxcomm.transport.info",
+    "ucxcomm.transport.listener", "ucxcomm.transport.info", "ucxcomm.comm.collectives",
+    "ucxcomm.comm.algorithms",
 ]
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from numpy import ndarray as _ndarray
 
-__all__ = ["BufferSpec", "as_recv_buffer", "as_send_buffer", "host_bytes", "prefix", "scratch_like"]
+__all__ = ["BufferSpec", "as_recv_buffer", "as_send_buffer", "host_bytes", "prefix", "scratch_like",
+           "typed_flat"]
 
 _KDLCPU = 1
 _KDLCUDA = 2
@@ -191,3 +192,55 @@ def scratch_like(spec: BufferSpec, nbytes: int) -> BufferSpec:
     import numpy as np
 
     return BufferSpec(np.empty(nbytes, dtype=np.uint8).data, nbytes, False)
+
+
+def typed_flat(obj: Any, *, writable: bool, what: str) -> Any:
+    """A flat, typed, contiguous view of ``obj`` without copying: a 1-D numpy array
+    for host memory, a 1-D cupy array for GPU memory (collectives need the dtype).
+
+    Raises
+    ------
+    TypeError
+        ``obj`` is not a buffer.
+    ValueError
+        ``obj`` is not contiguous, or is read-only while ``writable``.
+    """
+    import numpy as np
+
+    if type(obj) is not _ndarray:
+        if obj is None:
+            raise TypeError(f"{what}: expected a buffer (numpy/cupy array, bytearray, "
+                            "memoryview, ...), got None")
+        iface = getattr(obj, "__cuda_array_interface__", None)
+        if iface is not None:
+            import cupy
+
+            if writable and iface["data"][1]:
+                raise ValueError(f"{what}: the GPU buffer is read-only")
+            _cuda_iface_nbytes(iface, what)  # contiguity
+            return cupy.asarray(obj).ravel(order="K")
+        if isinstance(obj, np.ndarray):
+            pass
+        elif hasattr(obj, "__dlpack__") and not _has_buffer(obj):
+            return typed_flat(_from_dlpack(obj, what), writable=writable, what=what)
+        else:
+            try:
+                obj = np.asarray(memoryview(obj))
+            except TypeError:
+                raise TypeError(f"{what}: expected an object with the buffer protocol, "
+                                f"__cuda_array_interface__ or DLPack, got "
+                                f"{type(obj).__name__}") from None
+    if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+        raise ValueError(f"{what}: the buffer is not contiguous; pass a contiguous copy "
+                         "(numpy.ascontiguousarray)")
+    if writable and not obj.flags.writeable:
+        raise ValueError(f"{what}: the buffer is read-only; pass a writable buffer")
+    return obj.ravel(order="K")
+
+
+def _has_buffer(obj: Any) -> bool:
+    try:
+        memoryview(obj)
+    except TypeError:
+        return False
+    return True

@@ -1,10 +1,27 @@
 """MPI semantics over the transport: communicators, requests, ops (never imports UCX)."""
 
+from .collectives import IN_PLACE
 from .communicator import Comm, World
-from .ops import BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, NO_OP, PROD, REPLACE, SUM, Op
+from .ops import (
+    BAND,
+    BOR,
+    BXOR,
+    LAND,
+    LOR,
+    LXOR,
+    MAX,
+    MAXLOC,
+    MIN,
+    MINLOC,
+    NO_OP,
+    PROD,
+    REPLACE,
+    SUM,
+    Op,
+)
 from .request import Request, Status
 from .tags import ANY_SOURCE, ANY_TAG, TAG_UB
 
-__all__ = ["ANY_SOURCE", "ANY_TAG", "BAND", "BOR", "BXOR", "LAND", "LOR", "LXOR", "MAX", "MIN",
-           "NO_OP", "PROD", "REPLACE", "SUM", "TAG_UB", "Comm", "Op", "Request", "Status",
-           "World"]
+__all__ = ["ANY_SOURCE", "ANY_TAG", "BAND", "BOR", "BXOR", "IN_PLACE", "LAND", "LOR", "LXOR",
+           "MAX", "MAXLOC", "MIN", "MINLOC", "NO_OP", "PROD", "REPLACE", "SUM", "TAG_UB", "Comm",
+           "Op", "Request", "Status", "World"]

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._serialize import FRAMED, Header, decode_header, encode, loads, loads_inline
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError
+from .collectives import Collectives
 from .pool import FramePool
 from .request import Request, Status
 from .tags import (
@@ -108,8 +109,11 @@ async def _with_timeout(aw: Awaitable[Any], timeout: float | None, what: str) ->
         raise CommTimeoutError(f"{what} did not complete within {timeout:g} s") from None
 
 
-class Comm:
+class Comm(Collectives):
     """A communicator: a group of ranks with its own message space.
+
+    Point-to-point methods are defined here, collectives in
+    :mod:`ucxcomm.comm.collectives`.
 
     Obtain the world with ``await ucxcomm.init()``; derive others with :meth:`split`
     and :meth:`dup`. Attributes ``rank`` and ``size`` are this process's rank in the
@@ -538,8 +542,11 @@ class Comm:
         self._check_open()
         await _with_timeout(self._barrier(), timeout, "barrier")
 
-    async def _barrier(self) -> None:
-        seq = self._next_coll_tag()
+    def _barrier(self) -> Awaitable[None]:
+        # The sequence number is taken now, in call order (ibarrier runs it later).
+        return self._run_barrier(self._next_coll_tag())
+
+    async def _run_barrier(self, seq: int) -> None:
         stag = make_tag(self._cid, KIND_COLL, self.rank, seq)
         worker = self._worker
         dist = 1

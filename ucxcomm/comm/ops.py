@@ -6,8 +6,8 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["BAND", "BOR", "BXOR", "LAND", "LOR", "LXOR", "MAX", "MIN", "NO_OP", "PROD",
-           "REPLACE", "SUM", "Op"]
+__all__ = ["BAND", "BOR", "BXOR", "LAND", "LOR", "LXOR", "MAX", "MAXLOC", "MIN", "MINLOC",
+           "NO_OP", "PROD", "REPLACE", "SUM", "Op"]
 
 
 class Op:
@@ -20,7 +20,13 @@ class Op:
     pyfunc : callable
         ``f(a, b)`` on Python objects (object collectives, scalars).
     ufunc : numpy ufunc name, optional
-        Element-wise kernel for buffers (``"add"``, ``"maximum"``...).
+        Element-wise kernel for buffers (``"add"``, ``"maximum"``...); without one the
+        op works in object collectives only.
+    commutative : bool
+        Whether ``f(a, b) == f(b, a)``. Object reductions always combine in rank order,
+        so non-commutative user ops are fine there.
+
+    Any callable ``f(a, b)`` is also accepted where object collectives take an ``op``.
     """
 
     __slots__ = ("commutative", "name", "pyfunc", "ufunc")
@@ -46,5 +52,23 @@ LXOR = Op("LXOR", lambda a, b: bool(a) != bool(b), "logical_xor")
 BAND = Op("BAND", operator.and_, "bitwise_and")
 BOR = Op("BOR", operator.or_, "bitwise_or")
 BXOR = Op("BXOR", operator.xor, "bitwise_xor")
+
+
+def _maxloc(a: Any, b: Any) -> Any:
+    if a[0] != b[0]:
+        return a if a[0] > b[0] else b
+    return a if a[1] <= b[1] else b
+
+
+def _minloc(a: Any, b: Any) -> Any:
+    if a[0] != b[0]:
+        return a if a[0] < b[0] else b
+    return a if a[1] <= b[1] else b
+
+
+MAXLOC = Op("MAXLOC", _maxloc)
+"""On ``(value, index)`` pairs: the largest value, lowest index among ties (objects)."""
+MINLOC = Op("MINLOC", _minloc)
+"""On ``(value, index)`` pairs: the smallest value, lowest index among ties (objects)."""
 REPLACE = Op("REPLACE", lambda a, b: b, None, commutative=False)
 NO_OP = Op("NO_OP", lambda a, b: a, None, commutative=False)

@@ -228,6 +228,18 @@ class Worker:
         except (TypeError, ValueError, BufferError):
             return self._spec_ptr(as_recv_buffer(obj), True)
 
+    def subtarget(self, target: tuple[Any, int, Any, bool], offset: int, nbytes: int
+                  ) -> tuple[Any, int, Any, bool]:
+        """Bytes ``[offset, offset + nbytes)`` of a target from :meth:`send_ptr` /
+        :meth:`recv_ptr` (same memory, no copy)."""
+        ptr, size, keep, device = target
+        if offset == 0 and nbytes == size:
+            return target
+        if offset < 0 or nbytes < 0 or offset + nbytes > size:
+            raise ValueError(f"bytes [{offset}, {offset + nbytes}) are outside a "
+                             f"{size}-byte buffer")
+        return self._ffi.cast("char *", ptr) + offset, nbytes, keep, device
+
     def _dead_error(self, peers: Iterable | None) -> BaseException | None:
         if not self._dead or peers is None:
             return None

@@ -1,0 +1,456 @@
+"""SPMD collective cases, checked against numpy references computed from every rank's
+(deterministic) input. Run one: ``ucxcomm run -n 3 python tests/spmd/coll_cases.py NAME``;
+each rank prints ``CASE-OK NAME rank R`` when its assertions passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sys
+
+import numpy as np
+
+import ucxcomm
+from ucxcomm import IN_PLACE
+from ucxcomm.comm import algorithms
+
+CASES = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+BUFFER_OPS = [ucxcomm.SUM, ucxcomm.PROD, ucxcomm.MIN, ucxcomm.MAX, ucxcomm.LAND,
+              ucxcomm.LOR, ucxcomm.BAND, ucxcomm.BOR, ucxcomm.BXOR]
+DTYPES = [np.uint8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64,
+          np.complex64, np.complex128, np.bool_]
+SEG = 1 << 20
+# 1 element, odd sizes, around the recursive-doubling/ring switch, more than one segment.
+SIZES = [1, 7, 4097, 70001]
+
+
+def inp(rank, n, dtype, salt=0):
+    """Rank ``rank``'s input: small values (exact sums), near 1 for products."""
+    dtype = np.dtype(dtype)
+    k = (np.arange(n, dtype=np.int64) * 7 + rank * 13 + salt) % 5
+    if dtype.kind == "b":
+        return (k % 2).astype(dtype)
+    if dtype.kind in "fc":
+        x = (1 + k / 8).astype(dtype)
+        if dtype.kind == "c":
+            x = x + 1j * (k % 3).astype(dtype)
+        return x.astype(dtype)
+    return (k + 1).astype(dtype)
+
+
+def valid(op, dtype):
+    dtype = np.dtype(dtype)
+    if op.name in ("BAND", "BOR", "BXOR") and dtype.kind in "fc":
+        return False
+    return not (op.name in ("MIN", "MAX") and dtype.kind == "c")
+
+
+def reference(op, arrays):
+    ufunc = getattr(np, op.ufunc)
+    acc = arrays[0].copy()
+    for a in arrays[1:]:
+        acc = ufunc(acc, a, out=np.empty_like(acc))
+    return acc
+
+
+def check(got, want, what):
+    if got.dtype.kind in "fc":
+        tol = 1e-2 if got.dtype in (np.float16,) else 1e-5
+        assert np.allclose(got, want, rtol=tol, atol=0), (what, got[:8], want[:8])
+    else:
+        assert np.array_equal(got, want), (what, got[:8], want[:8])
+
+
+async def same_everywhere(comm, arr, what):
+    digest = hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+    digests = await comm.allgather(digest)
+    assert len(set(digests)) == 1, (what, digests)
+
+
+@case
+async def allreduce_ops_dtypes(comm):
+    """Every op x dtype on small sizes, SUM/MAX on large ones; results bit-identical."""
+    p = comm.size
+    for dtype in DTYPES:
+        for op in BUFFER_OPS:
+            if not valid(op, dtype):
+                continue
+            for n in SIZES if op.name in ("SUM", "MAX") else SIZES[:2]:
+                send = inp(comm.rank, n, dtype)
+                recv = np.zeros(n, dtype)
+                await comm.Allreduce(send, recv, op)
+                want = reference(op, [inp(r, n, dtype) for r in range(p)])
+                check(recv, want, (op, dtype, n))
+                if n > 1000 and dtype in (np.float32, np.float16):
+                    await same_everywhere(comm, recv, (op, dtype, n))
+
+
+@case
+async def allreduce_large_and_in_place(comm):
+    """More than one segment per ring block (uneven blocks), in place, 2-D arrays."""
+    p = comm.size
+    n = 3 * SEG // 4 * p + 5  # float32: > 1 segment per block
+    send = inp(comm.rank, n, np.float32, 1)
+    recv = np.empty(n, np.float32)
+    await comm.Allreduce(send, recv)
+    want = reference(ucxcomm.SUM, [inp(r, n, np.float32, 1) for r in range(p)])
+    check(recv, want, "large")
+    await same_everywhere(comm, recv, "large")
+    buf = inp(comm.rank, n, np.int64, 2).reshape(-1, 5) if n % 5 == 0 else \
+        inp(comm.rank, n, np.int64, 2)
+    await comm.Allreduce(IN_PLACE, buf, ucxcomm.MAX)
+    check(buf.ravel(), reference(ucxcomm.MAX, [inp(r, n, np.int64, 2) for r in range(p)]),
+          "in place")
+    mat = np.asfortranarray(inp(comm.rank, 60, np.float64).reshape(6, 10))
+    out = np.zeros_like(mat)  # F order too: same element order
+    await comm.Allreduce(mat, out)
+    want = sum(np.asfortranarray(inp(r, 60, np.float64).reshape(6, 10)) for r in range(p))
+    check(out.ravel(order="K"), want.ravel(order="K"), "F order")
+    # Other buffer kinds: bytearray (uint8), typed memoryview.
+    ba = bytearray(inp(comm.rank, 33, np.uint8).tobytes())
+    await comm.Allreduce(IN_PLACE, ba, ucxcomm.BXOR)
+    want = reference(ucxcomm.BXOR, [inp(r, 33, np.uint8) for r in range(p)])
+    assert bytes(ba) == want.tobytes()
+
+
+@case
+async def bcast_reduce_every_root(comm):
+    p = comm.size
+    for root in range(p):
+        for n in (0, 1, 8193, 3 * SEG // 8 + 5):
+            buf = inp(root, n, np.float64) if comm.rank == root else np.zeros(n, np.float64)
+            await comm.Bcast(buf, root=root)
+            check(buf, inp(root, n, np.float64), ("bcast", root, n))
+            send = inp(comm.rank, n, np.int32, root)
+            recv = np.zeros(n, np.int32) if comm.rank == root else None
+            await comm.Reduce(send, recv, ucxcomm.SUM, root=root)
+            if comm.rank == root:
+                want = reference(ucxcomm.SUM, [inp(r, n, np.int32, root) for r in range(p)])
+                check(recv, want, ("reduce", root, n))
+        # IN_PLACE at the root
+        buf = inp(comm.rank, 100, np.float32)
+        await comm.Reduce(IN_PLACE if comm.rank == root else buf,
+                          buf if comm.rank == root else None, ucxcomm.MIN, root=root)
+        if comm.rank == root:
+            check(buf, reference(ucxcomm.MIN, [inp(r, 100, np.float32) for r in range(p)]),
+                  "reduce in place")
+    # read-only send buffer at the root of a broadcast is fine
+    ro = np.arange(10.0)
+    ro.flags.writeable = False
+    await comm.Bcast(ro if comm.rank == 0 else np.zeros(10), root=0)
+
+
+@case
+async def gather_scatter_allgather(comm):
+    p, r = comm.size, comm.rank
+    for n in (1, 5, 3 * SEG // 8 + 1):
+        mine = inp(r, n, np.int64)
+        everyone = np.concatenate([inp(q, n, np.int64) for q in range(p)])
+        for root in range(p):
+            recv = np.zeros(n * p, np.int64) if r == root else None
+            await comm.Gather(mine, recv, root=root)
+            if r == root:
+                check(recv, everyone, ("gather", n))
+            out = np.zeros(n, np.int64)
+            await comm.Scatter(everyone if r == root else None, out, root=root)
+            check(out, mine, ("scatter", n))
+        allg = np.zeros(n * p, np.int64)
+        await comm.Allgather(mine, allg)
+        check(allg, everyone, ("allgather", n))
+        inplace = np.zeros(n * p, np.int64)
+        inplace[r * n:(r + 1) * n] = mine
+        await comm.Allgather(IN_PLACE, inplace)
+        check(inplace, everyone, ("allgather in place", n))
+    # IN_PLACE Gather / Scatter at the root
+    n = 4
+    everyone = np.concatenate([inp(q, n, np.int16) for q in range(p)])
+    buf = np.zeros(n * p, np.int16)
+    if r == 0:
+        buf[:n] = inp(0, n, np.int16)
+    await comm.Gather(IN_PLACE if r == 0 else inp(r, n, np.int16), buf if r == 0 else None)
+    if r == 0:
+        check(buf, everyone, "gather in place")
+    out = np.zeros(n, np.int16)
+    await comm.Scatter(everyone if r == 0 else None, IN_PLACE if r == 0 else out)
+    if r != 0:
+        check(out, inp(r, n, np.int16), "scatter in place")
+
+
+@case
+async def v_variants(comm):
+    """Gatherv/Scatterv/Allgatherv/Alltoallv with zero counts and explicit displacements."""
+    p, r = comm.size, comm.rank
+    counts = [(q * 3) % 4 for q in range(p)]  # rank 0 sends nothing
+    displs = [sum(counts[:q]) + q for q in range(p)]  # gaps between blocks
+    total = displs[-1] + counts[-1] + 1
+    mine = inp(r, counts[r], np.float32)
+    want = np.full(total, -1, np.float32)
+    for q in range(p):
+        want[displs[q]:displs[q] + counts[q]] = inp(q, counts[q], np.float32)
+    for root in range(p):
+        recv = np.full(total, -1, np.float32) if r == root else None
+        await comm.Gatherv(mine, (recv, counts, displs) if r == root else None, root=root)
+        if r == root:
+            check(recv, want, ("gatherv", root))
+        out = np.full(counts[r], -2, np.float32)
+        await comm.Scatterv((want, counts, displs) if r == root else None, out, root=root)
+        check(out, mine, ("scatterv", root))
+    allg = np.full(total, -1, np.float32)
+    await comm.Allgatherv(mine, (allg, counts, displs))
+    check(allg, want, "allgatherv")
+    # Alltoallv: rank i sends (i + j) % 3 elements to rank j, value 100*i + j.
+    scounts = [(r + j) % 3 for j in range(p)]
+    rcounts = [(i + r) % 3 for i in range(p)]
+    send = np.concatenate([np.full(scounts[j], 100 * r + j, np.int32) for j in range(p)])
+    recv = np.full(sum(rcounts), -1, np.int32)
+    await comm.Alltoallv((send, scounts), (recv, rcounts))
+    wantv = np.concatenate([np.full(rcounts[i], 100 * i + r, np.int32) for i in range(p)])
+    check(recv, wantv, "alltoallv")
+
+
+@case
+async def alltoall_and_reduce_scatter(comm):
+    p, r = comm.size, comm.rank
+    for n in (1, 3, 3 * SEG // 8 + 7):
+        send = np.concatenate([np.full(n, 1000 * r + j, np.int64) for j in range(p)])
+        recv = np.zeros(n * p, np.int64)
+        await comm.Alltoall(send, recv)
+        want = np.concatenate([np.full(n, 1000 * i + r, np.int64) for i in range(p)])
+        check(recv, want, ("alltoall", n))
+        buf = send.copy()
+        await comm.Alltoall(IN_PLACE, buf)
+        check(buf, want, ("alltoall in place", n))
+        # Reduce_scatter_block
+        full = [inp(q, n * p, np.float64, n) for q in range(p)]
+        total = reference(ucxcomm.SUM, full)
+        out = np.zeros(n, np.float64)
+        await comm.Reduce_scatter_block(full[r], out)
+        check(out, total[r * n:(r + 1) * n], ("rsb", n))
+        await same_everywhere(comm, np.concatenate(await comm.allgather(out)), "rsb")
+        inplace = full[r].copy()
+        await comm.Reduce_scatter_block(IN_PLACE, inplace, ucxcomm.SUM)
+        check(inplace[:n], total[r * n:(r + 1) * n], ("rsb in place", n))
+    # Reduce_scatter with uneven counts, including zeros.
+    counts = [(q * 5 + 2) % 7 for q in range(p)]
+    counts[0] = 0
+    n = sum(counts)
+    full = [inp(q, n, np.int32, 9) for q in range(p)]
+    total = reference(ucxcomm.BXOR, full)
+    out = np.zeros(max(counts[r], 1), np.int32)
+    await comm.Reduce_scatter(full[r], out, counts, ucxcomm.BXOR)
+    lo = sum(counts[:r])
+    check(out[:counts[r]], total[lo:lo + counts[r]], "reduce_scatter")
+
+
+@case
+async def scans(comm):
+    r = comm.rank
+    for n in (1, 9, 5000):
+        for op in (ucxcomm.SUM, ucxcomm.MAX, ucxcomm.PROD):
+            send = inp(r, n, np.int64, n)
+            recv = np.full(n, -7, np.int64)
+            await comm.Scan(send, recv, op)
+            check(recv, reference(op, [inp(q, n, np.int64, n) for q in range(r + 1)]),
+                  ("scan", op, n))
+            recv = np.full(n, -7, np.int64)
+            await comm.Exscan(send, recv, op)
+            if r == 0:
+                assert (recv == -7).all()  # untouched
+            else:
+                check(recv, reference(op, [inp(q, n, np.int64, n) for q in range(r)]),
+                      ("exscan", op, n))
+    buf = inp(r, 10, np.float64)
+    await comm.Scan(IN_PLACE, buf)
+    check(buf, reference(ucxcomm.SUM, [inp(q, 10, np.float64) for q in range(r + 1)]),
+          "scan in place")
+
+
+@case
+async def objects(comm):
+    p, r = comm.size, comm.rank
+    for root in range(p):
+        got = await comm.bcast({"root": root, "arr": np.arange(5)} if r == root else None,
+                               root=root)
+        assert got["root"] == root and np.array_equal(got["arr"], np.arange(5))
+        red = await comm.reduce(r + 1, ucxcomm.SUM, root=root)
+        assert red == (p * (p + 1) // 2 if r == root else None), red
+        g = await comm.gather((r, "x" * r), root=root)
+        assert g == ([(q, "x" * q) for q in range(p)] if r == root else None)
+        s = await comm.scatter([q * q for q in range(p)] if r == root else None, root=root)
+        assert s == r * r
+        # Non-commutative user op: string concatenation keeps rank order.
+        cat = await comm.reduce(str(r), lambda a, b: a + b, root=root)
+        assert cat == ("".join(str(q) for q in range(p)) if r == root else None)
+    assert await comm.allreduce(str(r), lambda a, b: a + b) == "".join(map(str, range(p)))
+    assert await comm.allreduce(np.full(3, r)) is not None
+    assert await comm.allreduce({r}, ucxcomm.BOR) == set(range(p))
+    assert await comm.allgather(r * 10) == [q * 10 for q in range(p)]
+    assert await comm.alltoall([(r, j) for j in range(p)]) == [(i, r) for i in range(p)]
+    assert await comm.scan([r], ucxcomm.SUM) == list(range(r + 1))
+    ex = await comm.exscan([r], lambda a, b: a + b)
+    assert ex == (None if r == 0 else list(range(r)))
+    # MAXLOC / MINLOC on (value, index) pairs; ties go to the lowest index.
+    assert await comm.allreduce((r % 2, r), ucxcomm.MAXLOC) == ((1, 1) if p > 1 else (0, 0))
+    assert await comm.allreduce((r % 2, r), ucxcomm.MINLOC) == (0, 0)
+    big = await comm.allreduce(np.full(1 << 18, r, np.float64))
+    assert (big == sum(range(p))).all()
+    await comm.barrier()
+
+
+@case
+async def nonblocking_overlap(comm):
+    """Several non-blocking collectives and point-to-point messages in flight at once."""
+    p, r = comm.size, comm.rank
+    n = 3 * SEG // 8 + 11
+    a = inp(r, n, np.float64)
+    ar = np.zeros(n, np.float64)
+    b = np.arange(1000, dtype=np.int32) * (r == 1) if p > 1 else np.arange(1000, dtype=np.int32)
+    small = np.full(4, r, np.int64)
+    smallr = np.zeros(4 * p, np.int64)
+    right, left = (r + 1) % p, (r - 1) % p
+    p2p_in = np.zeros(n, np.float64)
+    reqs = [comm.Iallreduce(a, ar), comm.Ibcast(b, root=1 % p),
+            comm.Iallgather(small, smallr), comm.ibarrier(),
+            comm.Isend(a, right, tag=3), comm.Irecv(p2p_in, left, tag=3)]
+    # The application computes while they progress.
+    total = 0.0
+    for _ in range(5):
+        total += float(np.sum(a))
+        await asyncio.sleep(0)
+    await ucxcomm.Request.waitall(reqs)
+    check(ar, reference(ucxcomm.SUM, [inp(q, n, np.float64) for q in range(p)]), "iallreduce")
+    assert np.array_equal(b, np.arange(1000, dtype=np.int32))
+    check(smallr, np.repeat(np.arange(p, dtype=np.int64), 4), "iallgather")
+    check(p2p_in, inp(left, n, np.float64), "p2p during collectives")
+    ok, _ = reqs[0].test()
+    assert ok
+
+
+@case
+async def bad_input(comm):
+    """Each mistake raises at the call, before any I/O; the communicator stays usable."""
+    p = comm.size
+    x = np.zeros(8, np.float32)
+    bad = [
+        (lambda: comm.Allreduce(x, np.zeros(9, np.float32)), ValueError),
+        (lambda: comm.Allreduce(x, np.zeros(8, np.float64)), TypeError),
+        (lambda: comm.Allreduce(x, np.zeros(8, np.float32), ucxcomm.BAND), TypeError),
+        (lambda: comm.Allreduce(x, np.zeros(8, np.float32), ucxcomm.MAXLOC), TypeError),
+        (lambda: comm.Allreduce(x, np.zeros(8, np.float32), lambda a, b: a), TypeError),
+        (lambda: comm.Allreduce(np.zeros(4, np.complex64), np.zeros(4, np.complex64),
+                                ucxcomm.MAX), TypeError),
+        (lambda: comm.Allreduce(x, np.zeros(16, np.float32)[::2]), ValueError),
+        (lambda: comm.Allreduce(x, bytes(32)), ValueError),  # read-only receive buffer
+        (lambda: comm.Allreduce(x, None), TypeError),
+        (lambda: comm.Bcast(x, root=p), ValueError),
+        (lambda: comm.Reduce(x, np.zeros(8, np.float32), root=-1), ValueError),
+        (lambda: comm.Allgather(x, np.zeros(8 * p + 1, np.float32)), ValueError),
+        (lambda: comm.Allgather(x, np.zeros(8 * p + p, np.float32)), ValueError),
+        (lambda: comm.Alltoall(np.zeros(2 * p, np.int8), np.zeros(3 * p, np.int8)), ValueError),
+        (lambda: comm.Allgatherv(x, (np.zeros(8 * p, np.float32), [8] * (p + 1))), ValueError),
+        (lambda: comm.Allgatherv(x, (np.zeros(8 * p, np.float32), [8] * p, [1] * p)),
+         ValueError),  # blocks fall outside the buffer for rank p-1... or overlap
+        (lambda: comm.Reduce_scatter(np.zeros(4, np.int32), np.zeros(4, np.int32),
+                                     [5] * p), ValueError),
+        (lambda: comm.Reduce_scatter_block(np.zeros(p + 1, np.int32) if p > 1 else
+                                           np.zeros(3, np.int32), np.zeros(2, np.int32)),
+         ValueError),
+        (lambda: comm.Scan(x, np.zeros(7, np.float32)), ValueError),
+        (lambda: comm.scatter(None, root=p), ValueError),
+        (lambda: comm.bcast(None, root=-1), ValueError),
+        (lambda: comm.alltoall([1] * (p + 1)), ValueError),
+        (lambda: comm.allreduce(1, op="sum"), TypeError),
+    ]
+    if p > 1:  # overlapping/outside blocks
+        bad[15] = (lambda: comm.Allgatherv(x, (np.zeros(8 * p, np.float32), [8] * p,
+                                                [8 * p] * p)), ValueError)
+    for i, (call, exc) in enumerate(bad):
+        keep = x.copy()
+        try:
+            await call()
+        except exc:
+            pass
+        else:
+            raise AssertionError(f"bad call {i} did not raise {exc.__name__}")
+        assert np.array_equal(x, keep)
+    # Nothing was consumed: the next collectives still match up on every rank.
+    out = np.zeros(8, np.float32)
+    await comm.Allreduce(np.ones(8, np.float32), out)
+    assert (out == p).all()
+    assert await comm.allgather(comm.rank) == list(range(p))
+
+
+@case
+async def tuning_switch_points(comm):
+    """Force each allreduce algorithm on the same inputs: identical results."""
+    p, r = comm.size, comm.rank
+    n = 10007
+    results = []
+    saved = dict(algorithms.TUNING)
+    try:
+        for ring_min, seg in ((1 << 40, SEG), (0, SEG), (0, 4096)):
+            algorithms.TUNING["allreduce_ring_min"] = ring_min
+            algorithms.TUNING["segment"] = seg
+            out = np.zeros(n, np.int64)
+            await comm.Allreduce(inp(r, n, np.int64), out)
+            results.append(out)
+            buf = inp(0, n, np.float32) if r == 0 else np.zeros(n, np.float32)
+            await comm.Bcast(buf, root=0)
+            check(buf, inp(0, n, np.float32), ("bcast", seg))
+    finally:
+        algorithms.TUNING.update(saved)
+    want = reference(ucxcomm.SUM, [inp(q, n, np.int64) for q in range(p)])
+    for out in results:
+        check(out, want, "tuning")
+
+
+@case
+async def gpu_collectives(comm):
+    """cupy buffers: reductions on the device, transfers through UCX's CUDA transports."""
+    import cupy
+
+    p, r = comm.size, comm.rank
+    for n in (1, 4097, (1 << 22) + 3):
+        send = cupy.asarray(inp(r, n, np.float32))
+        recv = cupy.zeros(n, cupy.float32)
+        await comm.Allreduce(send, recv)
+        want = reference(ucxcomm.SUM, [inp(q, n, np.float32) for q in range(p)])
+        check(cupy.asnumpy(recv), want, ("gpu allreduce", n))
+        buf = send.copy() if r == 0 else cupy.zeros(n, cupy.float32)
+        await comm.Bcast(buf, root=0)
+        check(cupy.asnumpy(buf), inp(0, n, np.float32), ("gpu bcast", n))
+        allg = cupy.zeros(n * p, cupy.float32)
+        await comm.Allgather(send, allg)
+        check(cupy.asnumpy(allg), np.concatenate([inp(q, n, np.float32) for q in range(p)]),
+              "gpu allgather")
+        out = cupy.zeros(n, cupy.float32)
+        full = cupy.asarray(inp(r, n * p, np.float32, 3))
+        await comm.Reduce_scatter_block(full, out)
+        total = reference(ucxcomm.SUM, [inp(q, n * p, np.float32, 3) for q in range(p)])
+        check(cupy.asnumpy(out), total[r * n:(r + 1) * n], "gpu rsb")
+    try:
+        await comm.Allreduce(cupy.zeros(4), np.zeros(4))
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("mixing host and GPU buffers was accepted")
+
+
+async def main(name: str) -> None:
+    comm = await ucxcomm.init()
+    await CASES[name](comm)
+    await comm.barrier(timeout=60)
+    await ucxcomm.finalize()
+    print(f"CASE-OK {name} rank {comm.rank}", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))

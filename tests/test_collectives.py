@@ -1,0 +1,34 @@
+"""Collectives through real processes on 1-4 ranks (3 = a non-power of two), checked
+against numpy references (tests/spmd/coll_cases.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_case
+
+SIZES = [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("nranks", SIZES)
+@pytest.mark.parametrize("name", [
+    "allreduce_ops_dtypes", "allreduce_large_and_in_place", "bcast_reduce_every_root",
+    "gather_scatter_allgather", "v_variants", "alltoall_and_reduce_scatter", "scans",
+    "objects", "nonblocking_overlap", "bad_input", "tuning_switch_points",
+])
+def test_collectives(name, nranks):
+    run_case("coll_cases.py", name, nranks)
+
+
+@pytest.mark.parametrize("name", ["allreduce_large_and_in_place", "objects",
+                                  "alltoall_and_reduce_scatter"])
+def test_collectives_over_tcp(name):
+    """The same cases with UCX restricted to TCP."""
+    run_case("coll_cases.py", name, 3, env={"UCX_TLS": "tcp,self"})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+def test_gpu_collectives(nranks):
+    """cupy buffers: device reductions, CUDA transports (skipped without CUDA and cupy)."""
+    run_case("coll_cases.py", "gpu_collectives", nranks)

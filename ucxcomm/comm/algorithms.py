@@ -1,0 +1,443 @@
+"""Collective algorithms on flat, typed buffers (host numpy or GPU cupy arrays).
+
+Each algorithm is one small coroutine over a :class:`Chan` (the private tag space of one
+collective call) and :class:`Buf` views. Element counts and offsets are in elements of
+the buffer's dtype. Large messages move in segments of :data:`SEGMENT_BYTES` so that
+receiving segment *k+1* overlaps reducing or forwarding segment *k*.
+
+Reduction order is fixed by the algorithm, never by arrival order, so every rank gets
+bit-identical results: recursive doubling always puts the lower ranks' partial result
+on the left; ring and tree algorithms reduce each element on exactly one rank and
+then distribute it.
+
+This module never touches UCX: it posts tag sends/receives through the worker and
+endpoints of :mod:`ucxcomm.transport`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .tags import KIND_COLL, make_tag
+
+__all__ = ["TUNING", "Buf", "Chan"]
+
+_FULL = (1 << 64) - 1
+_SRC_SHIFT = 24
+
+#: Algorithm switch points and segment sizes (bytes); change them to experiment.
+TUNING = {
+    "segment": 1 << 20,  # pipelining unit for host buffers
+    "segment_gpu": 4 << 20,  # and for GPU buffers
+    "allreduce_ring_min": 64 << 10,  # below: recursive doubling; above: ring
+}
+
+
+class Buf:
+    """A flat typed array (numpy or cupy) and the transport target of its memory."""
+
+    __slots__ = ("_sub", "arr", "device", "itemsize", "n", "target")
+
+    def __init__(self, worker: Any, arr: Any, writable: bool) -> None:
+        self.arr = arr
+        self.n = int(arr.size)
+        self.itemsize = int(arr.itemsize)
+        self.device = not isinstance(arr, np.ndarray)
+        self.target = worker.recv_ptr(arr) if writable else worker.send_ptr(arr)
+        self._sub = worker.subtarget
+
+    def part(self, lo: int, hi: int) -> tuple[Any, int, Any, bool]:
+        """Transport target of elements ``[lo, hi)``."""
+        isz = self.itemsize
+        return self._sub(self.target, lo * isz, (hi - lo) * isz)
+
+    def scratch(self, worker: Any, n: int) -> Buf:
+        """A new writable buffer of ``n`` elements of the same dtype and memory kind."""
+        if self.device:
+            import cupy
+
+            return Buf(worker, cupy.empty(n, dtype=self.arr.dtype), True)
+        return Buf(worker, np.empty(n, dtype=self.arr.dtype), True)
+
+
+class Chan:
+    """The messages of one collective call (tag: communicator, collective kind, seq).
+
+    Messages between one pair within a call are matched in posting order, so an
+    algorithm only has to post its receives in the order the peer posts its sends.
+    """
+
+    __slots__ = ("_rtag", "_stag", "comm", "rank", "recvs", "size", "sync", "worker")
+
+    def __init__(self, comm: Any, seq: int) -> None:
+        self.comm = comm
+        self.worker = comm._worker
+        self.rank, self.size = comm.rank, comm.size
+        self._stag = make_tag(comm._cid, KIND_COLL, comm.rank, seq)
+        self._rtag = make_tag(comm._cid, KIND_COLL, 0, seq)
+        self.recvs: list[asyncio.Future] = []
+        self.sync: Callable[[], None] | None = None  # set for GPU buffers
+
+    def send(self, peer: int, target: tuple[Any, int, Any, bool]) -> asyncio.Future | None:
+        return self.comm._ep(peer).isend_raw(target, self._stag)
+
+    def recv(self, peer: int, target: tuple[Any, int, Any, bool]) -> asyncio.Future | None:
+        fut = self.worker.tag_recv(target, self._rtag | (peer << _SRC_SHIFT), _FULL,
+                                   self.comm._peer_sets[peer])
+        if fut is not None:
+            self.recvs.append(fut)
+        return fut
+
+    async def wait(self, fut: asyncio.Future | None) -> None:
+        if fut is not None and not fut.done():
+            await self.worker.complete(fut)
+        elif fut is not None:
+            fut.result()
+
+    async def waitall(self, futs: Iterable[asyncio.Future | None]) -> None:
+        pending = [f for f in futs if f is not None]
+        for i, fut in enumerate(pending):
+            try:
+                await self.wait(fut)
+            except BaseException:
+                for other in pending[i + 1:]:
+                    other.add_done_callback(_retrieve)
+                raise
+
+    async def withdraw(self) -> None:
+        """After a cancellation: withdraw unmatched receives, let matched ones finish,
+        so no buffer is written once the call has returned."""
+        for fut in self.recvs:
+            if not fut.done() and not self.worker.cancel(fut):
+                await self.worker.settle(fut)
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def segments(lo: int, hi: int, seg: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut into pieces of at most ``seg`` elements (none if empty)."""
+    if hi <= lo:
+        return []
+    return [(i, min(i + seg, hi)) for i in range(lo, hi, seg)]
+
+
+def seg_elems(buf: Buf) -> int:
+    nbytes = TUNING["segment_gpu"] if buf.device else TUNING["segment"]
+    return max(1, nbytes // buf.itemsize)
+
+
+def blocks(n: int, p: int) -> tuple[list[int], list[int]]:
+    """Counts and offsets of ``n`` elements split into ``p`` near-equal blocks."""
+    base, rem = divmod(n, p)
+    counts = [base + (i < rem) for i in range(p)]
+    displs = [0] * p
+    for i in range(1, p):
+        displs[i] = displs[i - 1] + counts[i - 1]
+    return counts, displs
+
+
+def binomial(v: int, p: int) -> tuple[int | None, list[int]]:
+    """Parent and children (relative ranks, largest subtree first) of relative rank
+    ``v`` in a binomial tree rooted at 0."""
+    mask = 1
+    parent = None
+    while mask < p:
+        if v & mask:
+            parent = v - mask
+            break
+        mask <<= 1
+    children = []
+    m = mask >> 1
+    while m > 0:
+        if v + m < p:
+            children.append(v + m)
+        m >>= 1
+    return parent, children
+
+
+def _reduce_into(ch: Chan, ufunc: Any, a: Any, b: Any, out: Any) -> None:
+    ufunc(a, b, out=out)
+    if ch.sync is not None:
+        ch.sync()
+
+
+def copy(ch: Chan, dst: Any, src: Any) -> None:
+    dst[...] = src
+    if ch.sync is not None:
+        ch.sync()
+
+
+# ------------------------------------------------------------------ one to all
+async def bcast(ch: Chan, buf: Buf, root: int) -> None:
+    """Binomial tree; with more than two ranks large messages are forwarded segment by
+    segment as they arrive."""
+    p, r = ch.size, ch.rank
+    if p == 1 or buf.n == 0:
+        return
+    v = (r - root) % p
+    parent, children = binomial(v, p)
+    kids = [(c + root) % p for c in children]
+    segs = segments(0, buf.n, seg_elems(buf)) if p > 2 else [(0, buf.n)]
+    sends: list[Any] = []
+    if parent is None:
+        sends = [ch.send(k, buf.part(lo, hi)) for lo, hi in segs for k in kids]
+    else:
+        src = (parent + root) % p
+        recvs = [ch.recv(src, buf.part(lo, hi)) for lo, hi in segs]
+        for (lo, hi), fut in zip(segs, recvs, strict=True):
+            await ch.wait(fut)
+            sends.extend(ch.send(k, buf.part(lo, hi)) for k in kids)
+    await ch.waitall(sends)
+
+
+async def scatterv(ch: Chan, send: Buf | None, counts: Sequence[int],
+                   displs: Sequence[int], recv: Buf | None, root: int) -> None:
+    """Root sends each rank its block (``recv`` None on the root: IN_PLACE)."""
+    r = ch.rank
+    if r != root:
+        assert recv is not None
+        if counts[r]:
+            await ch.wait(ch.recv(root, recv.part(0, counts[r])))
+        return
+    assert send is not None
+    sends = [ch.send(q, send.part(displs[q], displs[q] + counts[q]))
+             for q in range(ch.size) if q != root and counts[q]]
+    if recv is not None and counts[r]:
+        copy(ch, recv.arr[:counts[r]], send.arr[displs[r]:displs[r] + counts[r]])
+    await ch.waitall(sends)
+
+
+# ------------------------------------------------------------------ all to one
+async def gatherv(ch: Chan, send: Buf | None, recv: Buf | None, counts: Sequence[int],
+                  displs: Sequence[int], root: int) -> None:
+    """Every rank sends its block to the root (``send`` None on the root: IN_PLACE)."""
+    r = ch.rank
+    if r != root:
+        assert send is not None
+        if counts[r]:
+            await ch.wait(ch.send(root, send.part(0, counts[r])))
+        return
+    assert recv is not None
+    recvs = [ch.recv(q, recv.part(displs[q], displs[q] + counts[q]))
+             for q in range(ch.size) if q != root and counts[q]]
+    if send is not None and counts[r]:
+        copy(ch, recv.arr[displs[r]:displs[r] + counts[r]], send.arr[:counts[r]])
+    await ch.waitall(recvs)
+
+
+async def reduce(ch: Chan, send: Buf, recv: Buf | None, root: int, ufunc: Any) -> None:
+    """Binomial tree towards ``root``, pipelined by segments; ``recv`` is used on the
+    root only (it may be the same memory as ``send``: IN_PLACE)."""
+    p, r, n = ch.size, ch.rank, send.n
+    v = (r - root) % p
+    parent, children = binomial(v, p)
+    kids = [(c + root) % p for c in reversed(children)]  # nearest subtree first
+    if p == 1 or n == 0:
+        if recv is not None and recv.arr is not send.arr and n:
+            copy(ch, recv.arr, send.arr)
+        return
+    segs = segments(0, n, seg_elems(send))
+    if not kids:
+        await ch.waitall([ch.send((parent + root) % p, send.part(lo, hi))  # type: ignore[operator]
+                          for lo, hi in segs])
+        return
+    acc = recv if parent is None else send.scratch(ch.worker, n)
+    assert acc is not None
+    tmps = [send.scratch(ch.worker, n) for _ in kids]
+    recvs = [[ch.recv(k, t.part(lo, hi)) for lo, hi in segs]
+             for k, t in zip(kids, tmps, strict=True)]
+    sends = []
+    for i, (lo, hi) in enumerate(segs):
+        left = send.arr[lo:hi]
+        for tmp, futs in zip(tmps, recvs, strict=True):
+            await ch.wait(futs[i])
+            _reduce_into(ch, ufunc, left, tmp.arr[lo:hi], acc.arr[lo:hi])
+            left = acc.arr[lo:hi]
+        if parent is not None:
+            sends.append(ch.send((parent + root) % p, acc.part(lo, hi)))
+    await ch.waitall(sends)
+
+
+# ------------------------------------------------------------------- all to all
+async def allreduce(ch: Chan, send: Buf, recv: Buf, ufunc: Any) -> None:
+    """Recursive doubling for small messages, ring reduce-scatter + ring allgather
+    (bandwidth-optimal) for large ones. ``send`` may be ``recv`` (IN_PLACE)."""
+    n = recv.n
+    if ch.size == 1 or n == 0:
+        if send.arr is not recv.arr and n:
+            copy(ch, recv.arr, send.arr)
+        return
+    if n * recv.itemsize < TUNING["allreduce_ring_min"] or n < ch.size:
+        if send.arr is not recv.arr:
+            copy(ch, recv.arr, send.arr)
+        await allreduce_recursive_doubling(ch, recv, ufunc)
+        return
+    counts, displs = blocks(n, ch.size)
+    await ring_reduce_scatter(ch, send, recv, counts, displs, ufunc, into_recv=True)
+    await ring_allgatherv(ch, recv, counts, displs)
+
+
+async def allreduce_recursive_doubling(ch: Chan, buf: Buf, ufunc: Any) -> None:
+    """In place on ``buf``. Non-powers of two: the first ``2*rem`` ranks pair up, the
+    even one hands its data to the odd one and gets the result back at the end."""
+    p, r = ch.size, ch.rank
+    pof2 = 1 << (p.bit_length() - 1)
+    rem = p - pof2
+    tmp = buf.scratch(ch.worker, buf.n)
+    whole, scratch = buf.part(0, buf.n), tmp.part(0, buf.n)
+    if r < 2 * rem:
+        if r % 2 == 0:
+            await ch.wait(ch.send(r + 1, whole))
+            await ch.wait(ch.recv(r + 1, whole))
+            return
+        await ch.wait(ch.recv(r - 1, scratch))
+        _reduce_into(ch, ufunc, tmp.arr, buf.arr, buf.arr)
+        newrank = r // 2
+    else:
+        newrank = r - rem
+    mask = 1
+    while mask < pof2:
+        newdst = newrank ^ mask
+        dst = newdst * 2 + 1 if newdst < rem else newdst + rem
+        rfut = ch.recv(dst, scratch)
+        sfut = ch.send(dst, whole)
+        await ch.wait(rfut)
+        await ch.wait(sfut)
+        if dst < r:
+            _reduce_into(ch, ufunc, tmp.arr, buf.arr, buf.arr)
+        else:
+            _reduce_into(ch, ufunc, buf.arr, tmp.arr, buf.arr)
+        mask <<= 1
+    if r < 2 * rem:
+        await ch.wait(ch.send(r - 1, whole))
+
+
+async def ring_reduce_scatter(ch: Chan, send: Buf, out: Buf, counts: Sequence[int],
+                              displs: Sequence[int], ufunc: Any, *,
+                              into_recv: bool) -> None:
+    """Ring reduce-scatter: after ``p - 1`` steps rank ``r`` holds block ``r`` reduced.
+
+    ``into_recv``: ``out`` has the full layout and every partial result is written to
+    its block there (allreduce); otherwise ``out`` holds block ``r`` only and partial
+    results go through two alternating scratch buffers (reduce-scatter). Each segment
+    is forwarded as soon as it is reduced.
+    """
+    p, r = ch.size, ch.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    seg = seg_elems(send)
+    biggest = max(counts)
+    tmp = send.scratch(ch.worker, biggest)
+    accs = [] if into_recv else [send.scratch(ch.worker, biggest) for _ in range(2)]
+
+    def dest(b: int, s: int) -> tuple[Buf, int]:
+        if into_recv:
+            return out, displs[b]
+        if b == r:
+            return out, 0
+        return accs[s % 2], 0
+
+    b0 = (r - 1) % p
+    posted: list[list[Any]] = [[ch.send(right, send.part(displs[b0] + lo, displs[b0] + hi))
+                                for lo, hi in segments(0, counts[b0], seg)]]
+    for s in range(p - 1):
+        b = (r - s - 2) % p
+        if s >= 2:  # the sends that read this step's scratch buffer two steps ago
+            await ch.waitall(posted[s - 1])
+        segs = segments(0, counts[b], seg)
+        recvs = [ch.recv(left, tmp.part(lo, hi)) for lo, hi in segs]
+        target, off = dest(b, s)
+        nxt: list[Any] = []
+        for (lo, hi), fut in zip(segs, recvs, strict=True):
+            await ch.wait(fut)
+            _reduce_into(ch, ufunc, tmp.arr[lo:hi], send.arr[displs[b] + lo:displs[b] + hi],
+                         target.arr[off + lo:off + hi])
+            if s < p - 2:
+                nxt.append(ch.send(right, target.part(off + lo, off + hi)))
+        posted.append(nxt)
+    for futs in posted:
+        await ch.waitall(futs)
+
+
+async def ring_allgatherv(ch: Chan, buf: Buf, counts: Sequence[int],
+                          displs: Sequence[int]) -> None:
+    """Ring allgather in place: rank ``r``'s block is already at ``displs[r]``; each
+    segment is forwarded as soon as it arrives."""
+    p, r = ch.size, ch.rank
+    if p == 1:
+        return
+    right, left = (r + 1) % p, (r - 1) % p
+    seg = seg_elems(buf)
+    sends = [ch.send(right, buf.part(displs[r] + lo, displs[r] + hi))
+             for lo, hi in segments(0, counts[r], seg)]
+    for s in range(p - 1):
+        b = (r - s - 1) % p
+        segs = segments(displs[b], displs[b] + counts[b], seg)
+        recvs = [ch.recv(left, buf.part(lo, hi)) for lo, hi in segs]
+        for (lo, hi), fut in zip(segs, recvs, strict=True):
+            await ch.wait(fut)
+            if s < p - 2:
+                sends.append(ch.send(right, buf.part(lo, hi)))
+    await ch.waitall(sends)
+
+
+async def alltoallv(ch: Chan, send: Buf, scounts: Sequence[int], sdispls: Sequence[int],
+                    recv: Buf, rcounts: Sequence[int], rdispls: Sequence[int]) -> None:
+    """Pairwise exchange: all receives posted first, then sends to ``r+1, r+2, ...``."""
+    p, r = ch.size, ch.rank
+    recvs = []
+    for s in range(1, p):
+        q = (r - s) % p
+        if rcounts[q]:
+            recvs.append(ch.recv(q, recv.part(rdispls[q], rdispls[q] + rcounts[q])))
+    sends = []
+    for s in range(1, p):
+        q = (r + s) % p
+        if scounts[q]:
+            sends.append(ch.send(q, send.part(sdispls[q], sdispls[q] + scounts[q])))
+    if scounts[r]:
+        copy(ch, recv.arr[rdispls[r]:rdispls[r] + rcounts[r]],
+             send.arr[sdispls[r]:sdispls[r] + scounts[r]])
+    await ch.waitall(recvs)
+    await ch.waitall(sends)
+
+
+async def scan(ch: Chan, send: Buf, recv: Buf, ufunc: Any, exclusive: bool) -> None:
+    """Recursive doubling prefix reduction; lower ranks' data always on the left.
+
+    ``exclusive``: rank 0's ``recv`` is left untouched (its value is undefined, as in
+    MPI). ``send`` may be ``recv`` (IN_PLACE).
+    """
+    p, r, n = ch.size, ch.rank, send.n
+    if n == 0:
+        return
+    partial = send.scratch(ch.worker, n)
+    copy(ch, partial.arr, send.arr)
+    if not exclusive and send.arr is not recv.arr:
+        copy(ch, recv.arr, send.arr)
+    tmp = send.scratch(ch.worker, n)
+    have = not exclusive  # whether recv holds a value yet
+    mask = 1
+    while mask < p:
+        dst = r ^ mask
+        if dst < p:
+            rfut = ch.recv(dst, tmp.part(0, n))
+            sfut = ch.send(dst, partial.part(0, n))
+            await ch.wait(rfut)
+            await ch.wait(sfut)
+            if dst < r:
+                _reduce_into(ch, ufunc, tmp.arr, partial.arr, partial.arr)
+                if have:
+                    _reduce_into(ch, ufunc, tmp.arr, recv.arr, recv.arr)
+                else:
+                    copy(ch, recv.arr, tmp.arr)
+                    have = True
+            else:
+                _reduce_into(ch, ufunc, partial.arr, tmp.arr, partial.arr)
+        mask <<= 1

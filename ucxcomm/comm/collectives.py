@@ -1,0 +1,700 @@
+"""Collective operations of :class:`~ucxcomm.Comm` (mixed into it).
+
+Lowercase methods move Python objects, Capitalized ones move buffers (numpy arrays,
+bytearray/memoryview, cupy arrays on the GPU) without staging copies. Every argument
+is checked before a collective takes its sequence number, so a bad call raises at once
+on the calling rank and leaves the communicator usable. The algorithms themselves live
+in :mod:`ucxcomm.comm.algorithms`.
+
+Non-blocking forms (``Ibcast``, ``Iallreduce``... and ``ibarrier``) start the operation
+immediately and return a :class:`~ucxcomm.Request`; like MPI, every rank must start the
+same collectives in the same order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._buffers import typed_flat
+from . import algorithms as alg
+from .algorithms import Buf, Chan, binomial
+from .ops import MAX, MIN, SUM, Op
+from .request import Request
+from .tags import KIND_COLL
+
+__all__ = ["IN_PLACE", "Collectives"]
+
+
+class _InPlace:
+    """``sendbuf=IN_PLACE``: the input is taken from (and the result written to) the
+    receive buffer, where MPI allows it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ucxcomm.IN_PLACE"
+
+    def __reduce__(self) -> str:
+        return "IN_PLACE"
+
+
+IN_PLACE = _InPlace()
+
+_checked_ops: dict[tuple[str, Any], bool] = {}
+
+
+def _ufunc(op: Any, arr: Any) -> Any:
+    """The element-wise kernel of ``op`` for ``arr``'s dtype (numpy or cupy), or a
+    clear error before any I/O."""
+    if not isinstance(op, Op):
+        raise TypeError(f"buffer reductions take a ucxcomm.Op (SUM, MAX, ...), got "
+                        f"{op!r}; user functions work with the object collectives "
+                        "(comm.reduce/allreduce/scan)")
+    if op.ufunc is None:
+        raise TypeError(f"{op!r} has no element-wise form: use it with the object "
+                        "collectives (comm.reduce, comm.allreduce, ...)")
+    dtype = np.dtype(arr.dtype)
+    key = (op.name, dtype)
+    if key not in _checked_ops:
+        ok = not (op in (MIN, MAX) and dtype.kind == "c")
+        if ok:
+            try:
+                getattr(np, op.ufunc)(np.zeros(1, dtype), np.zeros(1, dtype),
+                                      out=np.empty(1, dtype))
+            except TypeError:
+                ok = False
+        _checked_ops[key] = ok
+    if not _checked_ops[key]:
+        raise TypeError(f"{op!r} is not defined for dtype {dtype}")
+    if isinstance(arr, np.ndarray):
+        return getattr(np, op.ufunc)
+    import cupy
+
+    return getattr(cupy, op.ufunc)
+
+
+def _counts(counts: Any, size: int, what: str) -> list[int]:
+    try:
+        out = [int(c) for c in counts]
+    except TypeError:
+        raise TypeError(f"{what}: counts must be a sequence of ints") from None
+    if len(out) != size:
+        raise ValueError(f"{what}: {len(out)} counts given for {size} ranks")
+    if any(c < 0 for c in out):
+        raise ValueError(f"{what}: counts must be >= 0, got {out}")
+    return out
+
+
+def _displs(displs: Any, counts: list[int], n: int, what: str) -> list[int]:
+    if displs is None:
+        out = [0] * len(counts)
+        for i in range(1, len(counts)):
+            out[i] = out[i - 1] + counts[i - 1]
+    else:
+        try:
+            out = [int(d) for d in displs]
+        except TypeError:
+            raise TypeError(f"{what}: displacements must be a sequence of ints") from None
+        if len(out) != len(counts):
+            raise ValueError(f"{what}: {len(out)} displacements for {len(counts)} ranks")
+    for c, d in zip(counts, out, strict=True):
+        if d < 0 or d + c > n:
+            raise ValueError(f"{what}: block [{d}, {d + c}) is outside the {n}-element "
+                             "buffer")
+    return out
+
+
+class Collectives:
+    """Collectives of :class:`~ucxcomm.Comm` (see the module docstring)."""
+
+    # Provided by Comm.
+    rank: int
+    size: int
+    _worker: Any
+    _cid: int
+    _peer_sets: list[frozenset]
+    _check_open: Callable[[], None]
+    _check_peer: Callable[..., int]
+    _next_coll_tag: Callable[[], int]
+    _barrier: Callable[[], Awaitable[None]]
+    _post_send_obj: Callable[..., list[Any]]
+    _post_recv_obj: Callable[..., Any]
+    _finish_recv_obj: Callable[..., Awaitable[tuple[Any, Any]]]
+
+    # ------------------------------------------------------------- helpers
+    def _buf(self, obj: Any, writable: bool, what: str) -> Buf:
+        return Buf(self._worker, typed_flat(obj, writable=writable, what=what), writable)
+
+    def _spec(self, spec: Any, writable: bool, what: str
+              ) -> tuple[Buf, list[int], list[int]]:
+        """``(buf, counts[, displs])`` of a v-collective."""
+        if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
+            raise TypeError(f"{what}: expected a (buffer, counts) or (buffer, counts, "
+                            f"displacements) tuple, got {type(spec).__name__}")
+        buf = self._buf(spec[0], writable, what)
+        counts = _counts(spec[1], self.size, what)
+        displs = _displs(spec[2] if len(spec) == 3 else None, counts, buf.n, what)
+        return buf, counts, displs
+
+    @staticmethod
+    def _same(a: Buf, b: Buf, what: str, n: int | None = None) -> None:
+        if a.arr.dtype != b.arr.dtype:
+            raise TypeError(f"{what}: send and receive dtypes differ ({a.arr.dtype} vs "
+                            f"{b.arr.dtype})")
+        if a.device != b.device:
+            raise ValueError(f"{what}: send and receive buffers must both be on the host "
+                             "or both on the GPU")
+        if n is not None and b.n != n:
+            raise ValueError(f"{what}: the receive buffer has {b.n} elements, "
+                             f"{n} expected")
+
+    def _chan(self, *bufs: Buf | None) -> Chan:
+        """A fresh collective channel (takes the next sequence number: call only once
+        every argument is checked)."""
+        self._check_open()
+        ch = Chan(self, self._next_coll_tag())
+        if any(b is not None and b.device for b in bufs):
+            import cupy
+
+            stream = cupy.cuda.get_current_stream()
+            ch.sync = stream.synchronize
+        return ch
+
+    @staticmethod
+    async def _run(ch: Chan, coro: Awaitable[None]) -> None:
+        if ch.sync is not None:
+            ch.sync()  # kernels that produced the inputs have finished
+        try:
+            await coro
+        except asyncio.CancelledError:
+            await ch.withdraw()
+            raise
+
+    @staticmethod
+    def _request(coro: Awaitable[Any]) -> Request:
+        return Request(asyncio.ensure_future(coro))
+
+    # ============================================================== buffers
+    def _bcast(self, buf: Any, root: int) -> Awaitable[None]:
+        root = self._check_peer(root, "root")
+        b = self._buf(buf, self.rank != root, "Bcast buffer")
+        ch = self._chan(b)
+        return self._run(ch, alg.bcast(ch, b, root))
+
+    async def Bcast(self, buf: Any, root: int = 0) -> None:
+        """Broadcast ``buf`` from ``root`` into ``buf`` on every rank (binomial tree,
+        segmented for large messages)."""
+        await self._bcast(buf, root)
+
+    def Ibcast(self, buf: Any, root: int = 0) -> Request:
+        """Non-blocking :meth:`Bcast`."""
+        return self._request(self._bcast(buf, root))
+
+    def _reduce(self, sendbuf: Any, recvbuf: Any, op: Op, root: int) -> Awaitable[None]:
+        root = self._check_peer(root, "root")
+        recv: Buf | None = None
+        if self.rank == root:
+            if recvbuf is None:
+                raise ValueError("Reduce: the root needs a receive buffer")
+            recv = self._buf(recvbuf, True, "Reduce receive buffer")
+            send = recv if sendbuf is IN_PLACE else self._buf(sendbuf, False,
+                                                              "Reduce send buffer")
+            self._same(send, recv, "Reduce", send.n)
+        else:
+            if sendbuf is IN_PLACE:
+                raise ValueError("Reduce: IN_PLACE is allowed at the root only")
+            send = self._buf(sendbuf, False, "Reduce send buffer")
+        ufunc = _ufunc(op, send.arr)
+        ch = self._chan(send)
+        return self._run(ch, alg.reduce(ch, send, recv, root, ufunc))
+
+    async def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> None:
+        """Element-wise reduction of every rank's ``sendbuf`` into ``recvbuf`` at
+        ``root`` (``recvbuf`` may be None elsewhere; ``sendbuf=IN_PLACE`` at the root)."""
+        await self._reduce(sendbuf, recvbuf, op, root)
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> Request:
+        """Non-blocking :meth:`Reduce`."""
+        return self._request(self._reduce(sendbuf, recvbuf, op, root))
+
+    def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Op) -> Awaitable[None]:
+        recv = self._buf(recvbuf, True, "Allreduce receive buffer")
+        send = recv if sendbuf is IN_PLACE else self._buf(sendbuf, False,
+                                                          "Allreduce send buffer")
+        self._same(send, recv, "Allreduce", send.n)
+        ufunc = _ufunc(op, send.arr)
+        ch = self._chan(send)
+        return self._run(ch, alg.allreduce(ch, send, recv, ufunc))
+
+    async def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        """Element-wise reduction of every rank's ``sendbuf``, result in every rank's
+        ``recvbuf`` (bit-identical everywhere). Recursive doubling for small messages,
+        ring reduce-scatter + allgather (segmented) for large ones."""
+        await self._allreduce(sendbuf, recvbuf, op)
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
+        """Non-blocking :meth:`Allreduce`."""
+        return self._request(self._allreduce(sendbuf, recvbuf, op))
+
+    def _gatherv(self, sendbuf: Any, recvspec: Any, root: int, v: bool) -> Awaitable[None]:
+        name = "Gatherv" if v else "Gather"
+        root = self._check_peer(root, "root")
+        p, r = self.size, self.rank
+        send: Buf | None = None
+        recv: Buf | None = None
+        if r != root:
+            if sendbuf is IN_PLACE:
+                raise ValueError(f"{name}: IN_PLACE is allowed at the root only")
+            send = self._buf(sendbuf, False, f"{name} send buffer")
+            counts = [send.n] * p  # only counts[r] matters off the root
+            displs = counts
+        else:
+            if v:
+                recv, counts, displs = self._spec(recvspec, True, f"{name} receive")
+            else:
+                if recvspec is None:
+                    raise ValueError(f"{name}: the root needs a receive buffer")
+                recv = self._buf(recvspec, True, f"{name} receive buffer")
+                if sendbuf is IN_PLACE:
+                    if recv.n % p:
+                        raise ValueError(f"{name}: {recv.n} receive elements do not "
+                                         f"split into {p} blocks")
+                    count = recv.n // p
+                else:
+                    count = typed_flat(sendbuf, writable=False, what=name).size
+                counts, displs = [count] * p, [i * count for i in range(p)]
+            if sendbuf is not IN_PLACE:
+                send = self._buf(sendbuf, False, f"{name} send buffer")
+                self._same(send, recv, name)
+                if send.n != counts[r]:
+                    raise ValueError(f"{name}: the send buffer has {send.n} elements, the "
+                                     f"root's block {counts[r]}")
+                if not v and recv.n != p * send.n:
+                    raise ValueError(f"{name}: the receive buffer has {recv.n} elements, "
+                                     f"{p} x {send.n} expected")
+        ch = self._chan(send, recv)
+        return self._run(ch, alg.gatherv(ch, send, recv, counts, displs, root))
+
+    async def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        """Concatenate every rank's ``sendbuf`` into ``recvbuf`` at ``root`` (rank order)."""
+        await self._gatherv(sendbuf, recvbuf, root, False)
+
+    async def Gatherv(self, sendbuf: Any, recvspec: Any, root: int = 0) -> None:
+        """:meth:`Gather` with per-rank counts: ``recvspec = (recvbuf, counts[, displs])``
+        at the root (in elements)."""
+        await self._gatherv(sendbuf, recvspec, root, True)
+
+    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
+        return self._request(self._gatherv(sendbuf, recvbuf, root, False))
+
+    def Igatherv(self, sendbuf: Any, recvspec: Any, root: int = 0) -> Request:
+        return self._request(self._gatherv(sendbuf, recvspec, root, True))
+
+    def _scatterv(self, sendspec: Any, recvbuf: Any, root: int, v: bool) -> Awaitable[None]:
+        name = "Scatterv" if v else "Scatter"
+        root = self._check_peer(root, "root")
+        p, r = self.size, self.rank
+        send: Buf | None = None
+        recv: Buf | None = None
+        if r != root:
+            if recvbuf is IN_PLACE:
+                raise ValueError(f"{name}: IN_PLACE is allowed at the root only")
+            recv = self._buf(recvbuf, True, f"{name} receive buffer")
+            counts = [recv.n] * p
+            displs = counts
+        else:
+            if v:
+                send, counts, displs = self._spec(sendspec, False, f"{name} send")
+            else:
+                if sendspec is None:
+                    raise ValueError(f"{name}: the root needs a send buffer")
+                send = self._buf(sendspec, False, f"{name} send buffer")
+                if send.n % p:
+                    raise ValueError(f"{name}: {send.n} send elements do not split into "
+                                     f"{p} blocks")
+                count = send.n // p
+                counts, displs = [count] * p, [i * count for i in range(p)]
+            if recvbuf is not IN_PLACE:
+                recv = self._buf(recvbuf, True, f"{name} receive buffer")
+                self._same(send, recv, name)
+                if recv.n < counts[r] or (not v and recv.n != counts[r]):
+                    raise ValueError(f"{name}: the receive buffer has {recv.n} elements, "
+                                     f"the root's block {counts[r]}")
+        ch = self._chan(send, recv)
+        return self._run(ch, alg.scatterv(ch, send, counts, displs, recv, root))
+
+    async def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        """Split ``sendbuf`` at ``root`` into ``size`` equal blocks; rank ``i`` gets
+        block ``i`` in ``recvbuf`` (``recvbuf=IN_PLACE`` at the root)."""
+        await self._scatterv(sendbuf, recvbuf, root, False)
+
+    async def Scatterv(self, sendspec: Any, recvbuf: Any, root: int = 0) -> None:
+        """:meth:`Scatter` with per-rank counts: ``sendspec = (sendbuf, counts[, displs])``."""
+        await self._scatterv(sendspec, recvbuf, root, True)
+
+    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
+        return self._request(self._scatterv(sendbuf, recvbuf, root, False))
+
+    def Iscatterv(self, sendspec: Any, recvbuf: Any, root: int = 0) -> Request:
+        return self._request(self._scatterv(sendspec, recvbuf, root, True))
+
+    def _allgatherv(self, sendbuf: Any, recvspec: Any, v: bool) -> Awaitable[None]:
+        name = "Allgatherv" if v else "Allgather"
+        p, r = self.size, self.rank
+        if v:
+            recv, counts, displs = self._spec(recvspec, True, f"{name} receive")
+        else:
+            recv = self._buf(recvspec, True, f"{name} receive buffer")
+            if recv.n % p:
+                raise ValueError(f"{name}: {recv.n} receive elements do not split into "
+                                 f"{p} blocks")
+            count = recv.n // p
+            counts, displs = [count] * p, [i * count for i in range(p)]
+        send: Buf | None = None
+        if sendbuf is not IN_PLACE:
+            send = self._buf(sendbuf, False, f"{name} send buffer")
+            self._same(send, recv, name)
+            if send.n != counts[r]:
+                raise ValueError(f"{name}: the send buffer has {send.n} elements, "
+                                 f"{counts[r]} expected (this rank's block)")
+        ch = self._chan(send, recv)
+
+        async def run() -> None:
+            if send is not None and counts[r]:
+                alg.copy(ch, recv.arr[displs[r]:displs[r] + counts[r]], send.arr)
+            await alg.ring_allgatherv(ch, recv, counts, displs)
+
+        return self._run(ch, run())
+
+    async def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Every rank's ``sendbuf`` concatenated in rank order into every ``recvbuf``
+        (ring, segmented; ``sendbuf=IN_PLACE``: the block is already in place)."""
+        await self._allgatherv(sendbuf, recvbuf, False)
+
+    async def Allgatherv(self, sendbuf: Any, recvspec: Any) -> None:
+        """:meth:`Allgather` with per-rank counts: ``recvspec = (recvbuf, counts[, displs])``."""
+        await self._allgatherv(sendbuf, recvspec, True)
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:
+        return self._request(self._allgatherv(sendbuf, recvbuf, False))
+
+    def Iallgatherv(self, sendbuf: Any, recvspec: Any) -> Request:
+        return self._request(self._allgatherv(sendbuf, recvspec, True))
+
+    def _alltoallv(self, sendspec: Any, recvspec: Any, v: bool) -> Awaitable[None]:
+        name = "Alltoallv" if v else "Alltoall"
+        p = self.size
+        if v:
+            recv, rcounts, rdispls = self._spec(recvspec, True, f"{name} receive")
+        else:
+            recv = self._buf(recvspec, True, f"{name} receive buffer")
+            if recv.n % p:
+                raise ValueError(f"{name}: {recv.n} receive elements do not split into "
+                                 f"{p} blocks")
+            rcounts = [recv.n // p] * p
+            rdispls = [i * rcounts[0] for i in range(p)]
+        in_place = sendspec is IN_PLACE
+        if in_place:
+            send, scounts, sdispls = recv, rcounts, rdispls
+        elif v:
+            send, scounts, sdispls = self._spec(sendspec, False, f"{name} send")
+        else:
+            send = self._buf(sendspec, False, f"{name} send buffer")
+            if send.n != recv.n:
+                raise ValueError(f"{name}: send ({send.n}) and receive ({recv.n}) element "
+                                 "counts differ")
+            scounts, sdispls = rcounts, rdispls
+        self._same(send, recv, name)
+        r = self.rank
+        if scounts[r] != rcounts[r]:
+            raise ValueError(f"{name}: this rank sends itself {scounts[r]} elements but "
+                             f"expects {rcounts[r]}")
+        ch = self._chan(send, recv)
+
+        async def run() -> None:
+            src = send
+            if in_place:  # take the input out of the way first
+                src = recv.scratch(self._worker, recv.n)
+                alg.copy(ch, src.arr, recv.arr)
+            await alg.alltoallv(ch, src, scounts, sdispls, recv, rcounts, rdispls)
+
+        return self._run(ch, run())
+
+    async def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Block ``j`` of rank ``i``'s ``sendbuf`` lands in block ``i`` of rank ``j``'s
+        ``recvbuf`` (pairwise exchange)."""
+        await self._alltoallv(sendbuf, recvbuf, False)
+
+    async def Alltoallv(self, sendspec: Any, recvspec: Any) -> None:
+        """:meth:`Alltoall` with ``(buf, counts[, displs])`` on both sides."""
+        await self._alltoallv(sendspec, recvspec, True)
+
+    def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
+        return self._request(self._alltoallv(sendbuf, recvbuf, False))
+
+    def Ialltoallv(self, sendspec: Any, recvspec: Any) -> Request:
+        return self._request(self._alltoallv(sendspec, recvspec, True))
+
+    def _reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Op
+                        ) -> Awaitable[None]:
+        name = "Reduce_scatter_block" if recvcounts is None else "Reduce_scatter"
+        p, r = self.size, self.rank
+        recv = self._buf(recvbuf, True, f"{name} receive buffer")
+        in_place = sendbuf is IN_PLACE
+        send = recv if in_place else self._buf(sendbuf, False, f"{name} send buffer")
+        self._same(send, recv, name)
+        if recvcounts is None:
+            if send.n % p:
+                raise ValueError(f"{name}: {send.n} elements do not split into {p} blocks")
+            counts = [send.n // p] * p
+        else:
+            counts = _counts(recvcounts, p, name)
+            if sum(counts) != send.n:
+                raise ValueError(f"{name}: the counts add up to {sum(counts)}, the "
+                                 f"input has {send.n} elements")
+        if not in_place and recv.n < counts[r]:
+            raise ValueError(f"{name}: the receive buffer has {recv.n} elements, "
+                             f"{counts[r]} needed")
+        _, displs = alg.blocks(0, p)
+        for i in range(1, p):
+            displs[i] = displs[i - 1] + counts[i - 1]
+        ufunc = _ufunc(op, send.arr)
+        ch = self._chan(send)
+
+        async def run() -> None:
+            src = send
+            if in_place:
+                src = recv.scratch(self._worker, recv.n)
+                alg.copy(ch, src.arr, recv.arr)
+            if p == 1:
+                if counts[0] and src is not recv:
+                    alg.copy(ch, recv.arr[:counts[0]], src.arr[:counts[0]])
+                return
+            await alg.ring_reduce_scatter(ch, src, recv, counts, displs, ufunc,
+                                          into_recv=False)
+
+        return self._run(ch, run())
+
+    async def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        """Reduce ``sendbuf`` (``size`` equal blocks) element-wise; rank ``i`` gets
+        block ``i`` of the result (ring). ``sendbuf=IN_PLACE``: input from ``recvbuf``,
+        result in its first block."""
+        await self._reduce_scatter(sendbuf, recvbuf, None, op)
+
+    async def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],
+                             op: Op = SUM) -> None:
+        """Like :meth:`Reduce_scatter_block` with ``recvcounts[i]`` elements for rank ``i``."""
+        if recvcounts is None:
+            raise TypeError("Reduce_scatter: recvcounts is required")
+        await self._reduce_scatter(sendbuf, recvbuf, recvcounts, op)
+
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
+        return self._request(self._reduce_scatter(sendbuf, recvbuf, None, op))
+
+    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],
+                        op: Op = SUM) -> Request:
+        if recvcounts is None:
+            raise TypeError("Ireduce_scatter: recvcounts is required")
+        return self._request(self._reduce_scatter(sendbuf, recvbuf, recvcounts, op))
+
+    def _scan(self, sendbuf: Any, recvbuf: Any, op: Op, exclusive: bool) -> Awaitable[None]:
+        name = "Exscan" if exclusive else "Scan"
+        recv = self._buf(recvbuf, True, f"{name} receive buffer")
+        send = recv if sendbuf is IN_PLACE else self._buf(sendbuf, False,
+                                                          f"{name} send buffer")
+        self._same(send, recv, name, send.n)
+        ufunc = _ufunc(op, send.arr)
+        ch = self._chan(send)
+        return self._run(ch, alg.scan(ch, send, recv, ufunc, exclusive))
+
+    async def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        """Inclusive prefix reduction: rank ``i`` gets ``op`` over ranks ``0..i``."""
+        await self._scan(sendbuf, recvbuf, op, False)
+
+    async def Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        """Exclusive prefix reduction over ranks ``0..i-1`` (rank 0's ``recvbuf`` is
+        left as it was)."""
+        await self._scan(sendbuf, recvbuf, op, True)
+
+    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
+        return self._request(self._scan(sendbuf, recvbuf, op, False))
+
+    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
+        return self._request(self._scan(sendbuf, recvbuf, op, True))
+
+    def ibarrier(self) -> Request:
+        """Non-blocking barrier."""
+        self._check_open()
+        return self._request(self._barrier())
+
+    Ibarrier = ibarrier
+
+    # ============================================================== objects
+    def _osend(self, obj: Any, dest: int, seq: int) -> list[Any]:
+        return [f for f in self._post_send_obj(obj, dest, KIND_COLL, seq) if f is not None]
+
+    async def _orecv(self, source: int, seq: int) -> Any:
+        return (await self._finish_recv_obj(self._post_recv_obj(source, KIND_COLL, seq)))[0]
+
+    @staticmethod
+    def _pyop(op: Any) -> Callable[[Any, Any], Any]:
+        if isinstance(op, Op):
+            return op.pyfunc
+        if callable(op):
+            return op
+        raise TypeError(f"op must be a ucxcomm.Op or a callable f(a, b), got {op!r}")
+
+    async def _bcast_obj(self, obj: Any, root: int, seq: int) -> Any:
+        p = self.size
+        v = (self.rank - root) % p
+        parent, children = binomial(v, p)
+        if parent is not None:
+            obj = await self._orecv((parent + root) % p, seq)
+        futs: list[Any] = []
+        for c in children:
+            futs.extend(self._osend(obj, (c + root) % p, seq))
+        if futs:
+            await asyncio.gather(*futs)
+        return obj
+
+    async def bcast(self, obj: Any, root: int = 0) -> Any:
+        """``root``'s object, on every rank (binomial tree)."""
+        self._check_open()
+        root = self._check_peer(root, "root")
+        return await self._bcast_obj(obj, root, self._next_coll_tag())
+
+    async def _reduce_obj(self, obj: Any, fn: Callable[[Any, Any], Any], root: int,
+                          seqs: tuple[int, int]) -> Any:
+        # Binomial tree rooted at rank 0: each subtree is a contiguous rank range, so
+        # combining children nearest-first keeps rank order (non-commutative ops work).
+        r = self.rank
+        parent, children = binomial(r, self.size)
+        acc = obj
+        for c in reversed(children):
+            acc = fn(acc, await self._orecv(c, seqs[0]))
+        if parent is not None:
+            await asyncio.gather(*self._osend(acc, parent, seqs[0]))
+            acc = None
+        if root != 0:
+            if r == 0:
+                await asyncio.gather(*self._osend(acc, root, seqs[1]))
+                return None
+            if r == root:
+                return await self._orecv(0, seqs[1])
+        return acc
+
+    async def reduce(self, obj: Any, op: Any = SUM, root: int = 0) -> Any:
+        """``op`` over every rank's object, in rank order, at ``root`` (None elsewhere).
+        ``op`` is a :class:`~ucxcomm.Op` or any callable ``f(a, b)``."""
+        self._check_open()
+        root = self._check_peer(root, "root")
+        fn = self._pyop(op)
+        seqs = (self._next_coll_tag(), self._next_coll_tag())
+        return await self._reduce_obj(obj, fn, root, seqs)
+
+    async def allreduce(self, obj: Any, op: Any = SUM) -> Any:
+        """``op`` over every rank's object in rank order; the same result everywhere."""
+        self._check_open()
+        fn = self._pyop(op)
+        seqs = (self._next_coll_tag(), self._next_coll_tag())
+        acc = await self._reduce_obj(obj, fn, 0, seqs)
+        return await self._bcast_obj(acc, 0, seqs[1])
+
+    async def _gather_obj(self, obj: Any, root: int, seq: int) -> list[Any] | None:
+        if self.rank != root:
+            await asyncio.gather(*self._osend(obj, root, seq))
+            return None
+        out: list[Any] = [None] * self.size
+        out[root] = obj
+        for q in range(self.size):
+            if q != root:
+                out[q] = await self._orecv(q, seq)
+        return out
+
+    async def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        """Every rank's object, as a list in rank order at ``root`` (None elsewhere)."""
+        self._check_open()
+        root = self._check_peer(root, "root")
+        return await self._gather_obj(obj, root, self._next_coll_tag())
+
+    async def allgather(self, obj: Any) -> list[Any]:
+        """Every rank's object, as a list in rank order, on every rank."""
+        self._check_open()
+        seqs = (self._next_coll_tag(), self._next_coll_tag())
+        got = await self._gather_obj(obj, 0, seqs[0])
+        return await self._bcast_obj(got, 0, seqs[1])
+
+    async def scatter(self, objs: Sequence[Any] | None, root: int = 0) -> Any:
+        """Rank ``i`` gets ``objs[i]`` from ``root`` (``objs`` is ignored elsewhere)."""
+        self._check_open()
+        root = self._check_peer(root, "root")
+        if self.rank == root:
+            if objs is None or len(objs) != self.size:
+                raise ValueError(f"scatter: the root needs a sequence of {self.size} "
+                                 f"objects, got {None if objs is None else len(objs)}")
+            items = list(objs)
+        seq = self._next_coll_tag()
+        if self.rank != root:
+            return await self._orecv(root, seq)
+        futs: list[Any] = []
+        for q in range(self.size):
+            if q != root:
+                futs.extend(self._osend(items[q], q, seq))
+        if futs:
+            await asyncio.gather(*futs)
+        return items[root]
+
+    async def alltoall(self, objs: Sequence[Any]) -> list[Any]:
+        """Rank ``i`` sends ``objs[j]`` to rank ``j``; returns what each rank sent here."""
+        self._check_open()
+        if objs is None or len(objs) != self.size:
+            raise ValueError(f"alltoall: expected a sequence of {self.size} objects")
+        items = list(objs)
+        seq = self._next_coll_tag()
+        p, r = self.size, self.rank
+        futs: list[Any] = []
+        for s in range(1, p):
+            futs.extend(self._osend(items[(r + s) % p], (r + s) % p, seq))
+        out: list[Any] = [None] * p
+        out[r] = items[r]
+        for s in range(1, p):
+            q = (r - s) % p
+            out[q] = await self._orecv(q, seq)
+        if futs:
+            await asyncio.gather(*futs)
+        return out
+
+    async def _scan_obj(self, obj: Any, op: Any, exclusive: bool) -> Any:
+        self._check_open()
+        fn = self._pyop(op)
+        seq = self._next_coll_tag()
+        r, p = self.rank, self.size
+        partial, result, have = obj, (None if exclusive else obj), not exclusive
+        mask = 1
+        while mask < p:
+            dst = r ^ mask
+            if dst < p:
+                futs = self._osend(partial, dst, seq)
+                other = await self._orecv(dst, seq)
+                if futs:
+                    await asyncio.gather(*futs)
+                if dst < r:
+                    partial = fn(other, partial)
+                    result = fn(other, result) if have else other
+                    have = True
+                else:
+                    partial = fn(partial, other)
+            mask <<= 1
+        return result
+
+    async def scan(self, obj: Any, op: Any = SUM) -> Any:
+        """Inclusive prefix: rank ``i`` gets ``op`` over ranks ``0..i`` (in rank order)."""
+        return await self._scan_obj(obj, op, False)
+
+    async def exscan(self, obj: Any, op: Any = SUM) -> Any:
+        """Exclusive prefix over ranks ``0..i-1``; None on rank 0."""
+        return await self._scan_obj(obj, op, True)
