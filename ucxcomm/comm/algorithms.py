@@ -275,30 +275,38 @@ async def allreduce(ch: Chan, send: Buf, recv: Buf, ufunc: Any) -> None:
             copy(ch, recv.arr, send.arr)
         return
     if n * recv.itemsize < TUNING["allreduce_ring_min"] or n < ch.size:
-        if send.arr is not recv.arr:
-            copy(ch, recv.arr, send.arr)
-        await allreduce_recursive_doubling(ch, recv, ufunc)
+        tmp = recv.scratch(ch.worker, n)
+        await allreduce_recursive_doubling(ch, send.arr, send.target, recv.arr, recv.target,
+                                           tmp.arr, tmp.target, ufunc)
         return
     counts, displs = blocks(n, ch.size)
     await ring_reduce_scatter(ch, send, recv, counts, displs, ufunc, into_recv=True)
     await ring_allgatherv(ch, recv, counts, displs)
 
 
-async def allreduce_recursive_doubling(ch: Chan, buf: Buf, ufunc: Any) -> None:
-    """In place on ``buf``. Non-powers of two: the first ``2*rem`` ranks pair up, the
-    even one hands its data to the odd one and gets the result back at the end."""
+async def allreduce_recursive_doubling(ch: Chan, send: Any, send_target: Any, recv: Any,
+                                       recv_target: Any, tmp: Any, tmp_target: Any,
+                                       ufunc: Any) -> None:
+    """Recursive doubling: the result lands in ``recv`` (``send`` may be the same array:
+    in place); ``tmp`` is scratch of the same shape. Arrays and transport targets are
+    passed as they are (no :class:`Buf`): this is the small-message path, where every
+    microsecond shows. The first exchange sends ``send`` itself and reduces straight
+    into ``recv``, so no copy is needed.
+
+    Non-powers of two: the first ``2*rem`` ranks pair up; the even one hands its data to
+    the odd one and gets the result back at the end."""
     p, r = ch.size, ch.rank
     pof2 = 1 << (p.bit_length() - 1)
     rem = p - pof2
-    tmp = buf.scratch(ch.worker, buf.n)
-    whole, scratch = buf.part(0, buf.n), tmp.part(0, buf.n)
+    cur, cur_target = send, send_target
     if r < 2 * rem:
         if r % 2 == 0:
-            await ch.wait(ch.send(r + 1, whole))
-            await ch.wait(ch.recv(r + 1, whole))
+            await ch.wait(ch.send(r + 1, send_target))
+            await ch.wait(ch.recv(r + 1, recv_target))
             return
-        await ch.wait(ch.recv(r - 1, scratch))
-        _reduce_into(ch, ufunc, tmp.arr, buf.arr, buf.arr)
+        await ch.wait(ch.recv(r - 1, tmp_target))
+        _reduce_into(ch, ufunc, tmp, send, recv)
+        cur, cur_target = recv, recv_target
         newrank = r // 2
     else:
         newrank = r - rem
@@ -306,17 +314,18 @@ async def allreduce_recursive_doubling(ch: Chan, buf: Buf, ufunc: Any) -> None:
     while mask < pof2:
         newdst = newrank ^ mask
         dst = newdst * 2 + 1 if newdst < rem else newdst + rem
-        rfut = ch.recv(dst, scratch)
-        sfut = ch.send(dst, whole)
+        rfut = ch.recv(dst, tmp_target)
+        sfut = ch.send(dst, cur_target)
         await ch.wait(rfut)
         await ch.wait(sfut)
         if dst < r:
-            _reduce_into(ch, ufunc, tmp.arr, buf.arr, buf.arr)
+            _reduce_into(ch, ufunc, tmp, cur, recv)
         else:
-            _reduce_into(ch, ufunc, buf.arr, tmp.arr, buf.arr)
+            _reduce_into(ch, ufunc, cur, tmp, recv)
+        cur, cur_target = recv, recv_target
         mask <<= 1
     if r < 2 * rem:
-        await ch.wait(ch.send(r - 1, whole))
+        await ch.wait(ch.send(r - 1, recv_target))
 
 
 async def ring_reduce_scatter(ch: Chan, send: Buf, out: Buf, counts: Sequence[int],

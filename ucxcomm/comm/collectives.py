@@ -45,6 +45,7 @@ class _InPlace:
 IN_PLACE = _InPlace()
 
 _checked_ops: dict[tuple[str, Any], bool] = {}
+_fast_ufuncs: dict[tuple[Op, Any], Any] = {}
 
 
 def _ufunc(op: Any, arr: Any) -> Any:
@@ -124,6 +125,7 @@ class Collectives:
     _post_send_obj: Callable[..., list[Any]]
     _post_recv_obj: Callable[..., Any]
     _finish_recv_obj: Callable[..., Awaitable[tuple[Any, Any]]]
+    _rd_scratch: tuple[Any, Any, Any, Any] | None = None
 
     # ------------------------------------------------------------- helpers
     def _buf(self, obj: Any, writable: bool, what: str) -> Buf:
@@ -222,6 +224,22 @@ class Collectives:
         return self._request(self._reduce(sendbuf, recvbuf, op, root))
 
     def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Op) -> Awaitable[None]:
+        if (type(recvbuf) is np.ndarray and recvbuf.nbytes < alg.TUNING["allreduce_ring_min"]
+                and self.size > 1 and isinstance(op, Op)):
+            flags = recvbuf.flags
+            if flags.c_contiguous and flags.writeable and (
+                    sendbuf is IN_PLACE or (type(sendbuf) is np.ndarray
+                                            and sendbuf.dtype == recvbuf.dtype
+                                            and sendbuf.shape == recvbuf.shape
+                                            and sendbuf.flags.c_contiguous)):
+                key = (op, recvbuf.dtype)
+                ufunc = _fast_ufuncs.get(key)
+                if ufunc is None:
+                    ufunc = _fast_ufuncs[key] = _ufunc(op, recvbuf)
+                self._check_open()
+                ch = Chan(self, self._next_coll_tag())
+                return self._allreduce_small(ch, recvbuf if sendbuf is IN_PLACE else sendbuf,
+                                             recvbuf, ufunc)
         recv = self._buf(recvbuf, True, "Allreduce receive buffer")
         send = recv if sendbuf is IN_PLACE else self._buf(sendbuf, False,
                                                           "Allreduce send buffer")
@@ -229,6 +247,27 @@ class Collectives:
         ufunc = _ufunc(op, send.arr)
         ch = self._chan(send)
         return self._run(ch, alg.allreduce(ch, send, recv, ufunc))
+
+    async def _allreduce_small(self, ch: Chan, send: Any, recv: Any, ufunc: Any) -> None:
+        """Host arrays below the ring threshold: recursive doubling, no Buf wrappers,
+        scratch memory reused between calls on the same shape and dtype."""
+        worker = self._worker
+        cache = self._rd_scratch
+        if cache is not None and cache[0] == recv.dtype and cache[1] == recv.shape:
+            self._rd_scratch = None  # in use (a concurrent call allocates its own)
+            tmp, tmp_target = cache[2], cache[3]
+        else:
+            tmp = np.empty_like(recv)
+            tmp_target = worker.recv_ptr(tmp)
+        recv_target = worker.recv_ptr(recv)
+        send_target = recv_target if send is recv else worker.send_ptr(send)
+        try:
+            await alg.allreduce_recursive_doubling(ch, send, send_target, recv, recv_target,
+                                                   tmp, tmp_target, ufunc)
+        except asyncio.CancelledError:
+            await ch.withdraw()
+            raise
+        self._rd_scratch = (recv.dtype, recv.shape, tmp, tmp_target)
 
     async def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
         """Element-wise reduction of every rank's ``sendbuf``, result in every rank's

@@ -1,0 +1,202 @@
+"""Collectives benchmark: ucxcomm against mpi4py+MPICH and torch.distributed (gloo),
+measured in the same run on the same machine.
+
+Driver (no launcher around it)::
+
+    python benchmarks/collectives.py [-n 2,3,4] [--ops allreduce,bcast] [--tcp]
+                                     [--gpu] [--out results.jsonl]
+
+For each world size it runs ``ucxcomm run -n N python benchmarks/collectives.py --rank``,
+then ``mpiexec -n N python benchmarks/baselines/mpi_coll.py`` (``pip install
+'ucxcomm[bench]'``) and, when torch is installed, ``benchmarks/baselines/gloo_coll.py``.
+Every implementation runs the same float32 SUM collectives on the same sizes
+(benchmarks/_coll.py). A sample is the slowest rank's mean time over a loop of calls;
+each figure is the median of 3 samples. Bandwidths follow nccl-tests: ``algbw = size /
+time``, ``busbw = algbw x`` (allreduce ``2(n-1)/n``, allgather/alltoall/reduce-scatter
+``(n-1)/n``, bcast 1); ``size`` is the buffer for allreduce/bcast, the gathered result
+for allgather and the full send buffer for alltoall/reduce-scatter.
+
+``--gpu`` measures ucxcomm on cupy buffers instead and, when ``cupyx.distributed`` is
+available, cupy's NCCL backend as the reference (NCCL needs one GPU per rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _coll import OPS, REPS, SIZES, counts, emit, iters  # noqa: E402
+
+
+# --------------------------------------------------------------------------- ranks
+async def rank_main(ops: list[str], gpu: bool) -> None:
+    import numpy as np
+
+    import ucxcomm
+
+    xp = np
+    if gpu:
+        import cupy as xp  # type: ignore[no-redef]
+    comm = await ucxcomm.init()
+    p = comm.size
+    impl = "ucxcomm-gpu" if gpu else "ucxcomm"
+    for op in ops:
+        for size in SIZES:
+            ns, nr = counts(op, size, p)
+            send = xp.ones(ns, xp.float32)
+            recv = xp.zeros(nr, xp.float32)
+            call = {
+                "allreduce": lambda: comm.Allreduce(send, recv, ucxcomm.SUM),
+                "bcast": lambda: comm.Bcast(send, 0),
+                "allgather": lambda: comm.Allgather(send, recv),
+                "alltoall": lambda: comm.Alltoall(send, recv),
+                "reduce_scatter_block": lambda: comm.Reduce_scatter_block(send, recv),
+            }[op]
+            await call()  # warm up
+            samples = []
+            for _ in range(REPS):
+                k = iters(size)
+                await comm.barrier()
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    await call()
+                samples.append(await comm.allreduce((time.perf_counter() - t0) / k,
+                                                    ucxcomm.MAX))
+            if comm.rank == 0:
+                emit(impl, op, size, p, samples)
+    await comm.close()
+
+
+# --------------------------------------------------------------------------- driver
+def _run(cmd: list[str], env: dict, timeout: float = 1800) -> list[dict]:
+    print(f"$ {' '.join(cmd)}", file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        print("  timed out", file=sys.stderr)
+        return []
+    if proc.returncode != 0:
+        print(f"  failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
+    elif "unsupported" in proc.stderr:
+        print("\n".join("  " + ln for ln in proc.stderr.splitlines() if "unsupported" in ln),
+              file=sys.stderr)
+    return [json.loads(line[6:]) for line in proc.stdout.splitlines()
+            if line.startswith("BENCH ")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _table(results: list[dict], p: int) -> None:
+    rows = [r for r in results if r["nranks"] == p]
+    impls = sorted({r["impl"] for r in rows})
+    ref = "ucxcomm-gpu" if "ucxcomm-gpu" in impls else "ucxcomm"
+    others = [i for i in impls if i != ref]
+    for op in OPS:
+        got = {(r["impl"], r["size"]): r for r in rows if r["op"] == op}
+        if not got:
+            continue
+        print(f"\n{op}, {p} ranks: time us (algbw GB/s); ratio = {ref} algbw / other algbw")
+        head = f"{'size':>10} " + " ".join(f"{i:>24}" for i in impls)
+        head += " " + " ".join(f"{'/' + o:>16}" for o in others)
+        print(head)
+        for size in SIZES:
+            cells = []
+            for i in impls:
+                r = got.get((i, size))
+                cells.append(f"{r['time_us']:>12.1f} ({r['algbw_GBps']:>7.3f})" if r
+                             else f"{'-':>24}")
+            ratios = []
+            for o in others:
+                a, b = got.get((ref, size)), got.get((o, size))
+                ratios.append(f"{a['algbw_GBps'] / b['algbw_GBps']:>16.2f}" if a and b
+                              else f"{'-':>16}")
+            print(f"{size:>10} " + " ".join(cells) + " " + " ".join(ratios))
+
+
+def driver(args: argparse.Namespace) -> int:
+    env = dict(os.environ)
+    if args.tcp:
+        env["UCX_TLS"] = "tcp,self"
+    for var in [k for k in env if k.startswith(("UCXCOMM_", "OMPI_", "PMI_", "SLURM_PROCID"))]:
+        env.pop(var)
+    py = sys.executable
+    ops = args.ops
+    mpiexec = shutil.which("mpiexec", path=str(Path(py).parent)) or shutil.which("mpiexec")
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        mpiexec = None
+        print("mpi4py not installed: pip install 'ucxcomm[bench]'", file=sys.stderr)
+    try:
+        import torch  # noqa: F401
+
+        have_torch = True
+    except ImportError:
+        have_torch = False
+        print("torch not installed: no gloo baseline (pip install torch)", file=sys.stderr)
+    results: list[dict] = []
+    for p in args.n:
+        rank_cmd = [py, str(HERE / "collectives.py"), "--rank", "--ops", ",".join(ops)]
+        if args.gpu:
+            rank_cmd.append("--gpu")
+        results += _run([py, "-m", "ucxcomm.cli", "run", "-n", str(p), "--timeout", "1800",
+                         *rank_cmd], env)
+        if args.gpu:
+            results += _run([py, "-m", "ucxcomm.cli", "run", "-n", str(p), "--timeout",
+                             "1800", py, str(HERE / "baselines" / "nccl_coll.py"),
+                             ",".join(ops)], dict(env, NCCL_PORT=str(_free_port())))
+        else:
+            if mpiexec:
+                results += _run([mpiexec, "-n", str(p), py,
+                                 str(HERE / "baselines" / "mpi_coll.py"), ",".join(ops)], env)
+            if have_torch:
+                results += _run([py, "-m", "ucxcomm.cli", "run", "-n", str(p), "--timeout",
+                                 "1800", py, str(HERE / "baselines" / "gloo_coll.py"),
+                                 ",".join(ops)],
+                                dict(env, GLOO_INIT=f"tcp://127.0.0.1:{_free_port()}"))
+    for r in results:
+        r["transport"] = "tcp" if args.tcp else "default"
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+    for p in args.n:
+        _table(results, p)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("-n", type=lambda s: [int(x) for x in s.split(",")], default=[2],
+                        help="world sizes, comma separated (default 2)")
+    parser.add_argument("--ops", type=lambda s: s.split(","), default=OPS,
+                        help=f"comma separated subset of {','.join(OPS)}")
+    parser.add_argument("--tcp", action="store_true", help="UCX_TLS=tcp,self for ucxcomm")
+    parser.add_argument("--gpu", action="store_true", help="cupy buffers; NCCL reference")
+    parser.add_argument("--out", help="append JSON lines to this file")
+    args = parser.parse_args()
+    if args.rank:
+        asyncio.run(rank_main(args.ops, args.gpu))
+        return 0
+    return driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
