@@ -375,20 +375,27 @@ async def ring_reduce_scatter(ch: Chan, send: Buf, out: Buf, counts: Sequence[in
 
 
 async def ring_allgatherv(ch: Chan, buf: Buf, counts: Sequence[int],
-                          displs: Sequence[int]) -> None:
-    """Ring allgather in place: rank ``r``'s block is already at ``displs[r]``; each
-    segment is forwarded as soon as it arrives."""
+                          displs: Sequence[int], own: Buf | None = None) -> None:
+    """Ring allgather into ``buf``; each segment is forwarded as soon as it arrives.
+
+    Rank ``r``'s block is sent from ``own`` when given (and copied into place while the
+    first messages travel), else it is already at ``displs[r]``."""
     p, r = ch.size, ch.rank
     if p == 1:
         return
     right, left = (r + 1) % p, (r - 1) % p
-    seg = seg_elems(buf)
-    sends = [ch.send(right, buf.part(displs[r] + lo, displs[r] + hi))
+    # Segments only pay off where blocks are forwarded (more than two ranks).
+    seg = seg_elems(buf) if p > 2 else max(counts)
+    src = own if own is not None else buf
+    off = 0 if own is not None else displs[r]
+    sends = [ch.send(right, src.part(off + lo, off + hi))
              for lo, hi in segments(0, counts[r], seg)]
     for s in range(p - 1):
         b = (r - s - 1) % p
         segs = segments(displs[b], displs[b] + counts[b], seg)
         recvs = [ch.recv(left, buf.part(lo, hi)) for lo, hi in segs]
+        if s == 0 and own is not None and counts[r]:
+            copy(ch, buf.arr[displs[r]:displs[r] + counts[r]], own.arr[:counts[r]])
         for (lo, hi), fut in zip(segs, recvs, strict=True):
             await ch.wait(fut)
             if s < p - 2:

@@ -402,12 +402,13 @@ class Collectives:
                                  f"{counts[r]} expected (this rank's block)")
         ch = self._chan(send, recv)
 
-        async def run() -> None:
-            if send is not None and counts[r]:
-                alg.copy(ch, recv.arr[displs[r]:displs[r] + counts[r]], send.arr)
-            await alg.ring_allgatherv(ch, recv, counts, displs)
+        if p == 1:
+            async def run() -> None:
+                if send is not None and counts[r]:
+                    alg.copy(ch, recv.arr[displs[r]:displs[r] + counts[r]], send.arr)
 
-        return self._run(ch, run())
+            return self._run(ch, run())
+        return self._run(ch, alg.ring_allgatherv(ch, recv, counts, displs, send))
 
     async def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         """Every rank's ``sendbuf`` concatenated in rank order into every ``recvbuf``
