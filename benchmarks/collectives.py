@@ -38,6 +38,17 @@ sys.path.insert(0, str(HERE))
 from _coll import OPS, REPS, SIZES, counts, emit, iters  # noqa: E402
 
 
+def make_call(comm, op, send, recv):
+    """The timed call of collective ``op`` on these buffers."""
+    return {
+        "allreduce": lambda: comm.Allreduce(send, recv),  # SUM
+        "bcast": lambda: comm.Bcast(send, 0),
+        "allgather": lambda: comm.Allgather(send, recv),
+        "alltoall": lambda: comm.Alltoall(send, recv),
+        "reduce_scatter_block": lambda: comm.Reduce_scatter_block(send, recv),
+    }[op]
+
+
 # --------------------------------------------------------------------------- ranks
 async def rank_main(ops: list[str], gpu: bool) -> None:
     import numpy as np
@@ -55,13 +66,7 @@ async def rank_main(ops: list[str], gpu: bool) -> None:
             ns, nr = counts(op, size, p)
             send = xp.ones(ns, xp.float32)
             recv = xp.zeros(nr, xp.float32)
-            call = {
-                "allreduce": lambda: comm.Allreduce(send, recv, ucxcomm.SUM),
-                "bcast": lambda: comm.Bcast(send, 0),
-                "allgather": lambda: comm.Allgather(send, recv),
-                "alltoall": lambda: comm.Alltoall(send, recv),
-                "reduce_scatter_block": lambda: comm.Reduce_scatter_block(send, recv),
-            }[op]
+            call = make_call(comm, op, send, recv)
             await call()  # warm up
             samples = []
             for _ in range(REPS):

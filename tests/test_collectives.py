@@ -20,6 +20,10 @@ def test_collectives(name, nranks):
     run_case("coll_cases.py", name, nranks)
 
 
+def test_cancelled_collective():
+    run_case("coll_cases.py", "cancelled_collective", 2)
+
+
 @pytest.mark.parametrize("name", ["allreduce_large_and_in_place", "objects",
                                   "alltoall_and_reduce_scatter"])
 def test_collectives_over_tcp(name):

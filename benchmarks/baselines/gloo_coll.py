@@ -15,6 +15,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from _coll import OPS, REPS, SIZES, counts, emit, iters
 
 
+def make_call(op, send, recv, parts):
+    """The timed call of collective ``op`` on these buffers."""
+    return {
+        "allreduce": lambda: dist.all_reduce(send),
+        "bcast": lambda: dist.broadcast(send, 0),
+        "allgather": lambda: dist.all_gather(parts, send),
+        "alltoall": lambda: dist.all_to_all_single(recv, send),
+        "reduce_scatter_block": lambda: dist.reduce_scatter_tensor(recv, send),
+    }[op]
+
+
 def main() -> None:
     rank, p = int(os.environ["UCXCOMM_RANK"]), int(os.environ["UCXCOMM_SIZE"])
     dist.init_process_group("gloo", init_method=os.environ["GLOO_INIT"], rank=rank,
@@ -27,13 +38,7 @@ def main() -> None:
             send = torch.ones(ns, dtype=torch.float32)
             recv = torch.zeros(nr, dtype=torch.float32)
             parts = list(recv.chunk(p)) if op == "allgather" else None
-            call = {
-                "allreduce": lambda: dist.all_reduce(send),
-                "bcast": lambda: dist.broadcast(send, 0),
-                "allgather": lambda: dist.all_gather(parts, send),
-                "alltoall": lambda: dist.all_to_all_single(recv, send),
-                "reduce_scatter_block": lambda: dist.reduce_scatter_tensor(recv, send),
-            }[op]
+            call = make_call(op, send, recv, parts)
             try:
                 call()  # warm up
             except (RuntimeError, NotImplementedError, ValueError) as exc:

@@ -11,6 +11,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from _coll import OPS, REPS, SIZES, counts, emit, iters
 
 
+def make_call(comm, op, send, recv):
+    """The timed call of collective ``op`` on these buffers."""
+    return {
+        "allreduce": lambda: comm.Allreduce(send, recv, MPI.SUM),
+        "bcast": lambda: comm.Bcast(send, 0),
+        "allgather": lambda: comm.Allgather(send, recv),
+        "alltoall": lambda: comm.Alltoall(send, recv),
+        "reduce_scatter_block": lambda: comm.Reduce_scatter_block(send, recv, MPI.SUM),
+    }[op]
+
+
 def main() -> None:
     comm = MPI.COMM_WORLD
     p = comm.Get_size()
@@ -20,13 +31,7 @@ def main() -> None:
             ns, nr = counts(op, size, p)
             send = np.ones(ns, np.float32)
             recv = np.zeros(nr, np.float32)
-            call = {
-                "allreduce": lambda: comm.Allreduce(send, recv, MPI.SUM),
-                "bcast": lambda: comm.Bcast(send, 0),
-                "allgather": lambda: comm.Allgather(send, recv),
-                "alltoall": lambda: comm.Alltoall(send, recv),
-                "reduce_scatter_block": lambda: comm.Reduce_scatter_block(send, recv, MPI.SUM),
-            }[op]
+            call = make_call(comm, op, send, recv)
             call()  # warm up
             samples = []
             for _ in range(REPS):

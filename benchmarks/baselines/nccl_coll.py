@@ -15,6 +15,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from _coll import OPS, REPS, SIZES, counts, emit, iters
 
 
+def make_call(comm, op, send, recv, ns, nr):
+    """The timed call of collective ``op`` on these buffers."""
+    return {
+        "allreduce": lambda: comm.all_reduce(send, recv, "sum"),
+        "bcast": lambda: comm.broadcast(send, 0),
+        "allgather": lambda: comm.all_gather(send, recv, ns),
+        "alltoall": lambda: comm.all_to_all(send, recv),
+        "reduce_scatter_block": lambda: comm.reduce_scatter(send, recv, nr, "sum"),
+    }[op]
+
+
 def main() -> None:
     rank, p = int(os.environ["UCXCOMM_RANK"]), int(os.environ["UCXCOMM_SIZE"])
     cupy.cuda.Device(rank % cupy.cuda.runtime.getDeviceCount()).use()
@@ -26,13 +37,7 @@ def main() -> None:
             ns, nr = counts(op, size, p)
             send = cupy.ones(ns, cupy.float32)
             recv = cupy.zeros(nr, cupy.float32)
-            call = {
-                "allreduce": lambda: comm.all_reduce(send, recv, "sum"),
-                "bcast": lambda: comm.broadcast(send, 0),
-                "allgather": lambda: comm.all_gather(send, recv, ns),
-                "alltoall": lambda: comm.all_to_all(send, recv),
-                "reduce_scatter_block": lambda: comm.reduce_scatter(send, recv, nr, "sum"),
-            }[op]
+            call = make_call(comm, op, send, recv, ns, nr)
             call()
             stream.synchronize()
             samples = []

@@ -389,6 +389,30 @@ async def bad_input(comm):
 
 
 @case
+async def cancelled_collective(comm):
+    """A rank whose collective times out withdraws its receives: its buffer is never
+    written afterwards, even though the peer later completes its side (2 ranks)."""
+    assert comm.size == 2
+    if comm.rank == 0:
+        out = np.full(4, -1.0)
+        try:
+            await asyncio.wait_for(comm.Allreduce(np.ones(4), out), 0.2)
+        except TimeoutError:
+            pass
+        else:
+            raise AssertionError("the allreduce completed without its peer")
+        await comm.send("go", 1)
+        assert await comm.recv(1) == "done"
+        assert (out == -1.0).all(), out
+    else:
+        assert await comm.recv(0) == "go"
+        out = np.zeros(4)
+        await comm.Allreduce(np.full(4, 2.0), out)  # rank 0's data was sent before
+        assert (out == 3.0).all(), out
+        await comm.send("done", 0)
+
+
+@case
 async def tuning_switch_points(comm):
     """Force each allreduce algorithm on the same inputs: identical results."""
     p, r = comm.size, comm.rank

@@ -24,7 +24,7 @@ import numpy as np
 
 from .tags import KIND_COLL, make_tag
 
-__all__ = ["TUNING", "Buf", "Chan"]
+__all__ = ["TUNING", "Buf", "Chan", "ScratchPool"]
 
 _FULL = (1 << 64) - 1
 _SRC_SHIFT = 24
@@ -64,6 +64,35 @@ class Buf:
         return Buf(worker, np.empty(n, dtype=self.arr.dtype), True)
 
 
+class ScratchPool:
+    """Scratch buffers kept between collectives (per process): a fresh large allocation
+    page-faults while data arrives into it, which cost more than the transfer itself."""
+
+    def __init__(self, limit: int = 256 << 20) -> None:
+        self.limit = limit
+        self._free: dict[tuple[bool, str, int], list[Buf]] = {}
+        self._bytes = 0
+
+    def take(self, worker: Any, like: Buf, n: int) -> Buf:
+        got = self._free.get((like.device, like.arr.dtype.str, n))
+        if got:
+            buf = got.pop()
+            self._bytes -= buf.n * buf.itemsize
+            return buf
+        return like.scratch(worker, n)
+
+    def give(self, bufs: Iterable[Buf]) -> None:
+        for buf in bufs:
+            nbytes = buf.n * buf.itemsize
+            if self._bytes + nbytes <= self.limit:
+                self._free.setdefault((buf.device, buf.arr.dtype.str, buf.n), []).append(buf)
+                self._bytes += nbytes
+
+    def clear(self) -> None:
+        self._free.clear()
+        self._bytes = 0
+
+
 class Chan:
     """The messages of one collective call (tag: communicator, collective kind, seq).
 
@@ -71,7 +100,8 @@ class Chan:
     algorithm only has to post its receives in the order the peer posts its sends.
     """
 
-    __slots__ = ("_rtag", "_stag", "comm", "rank", "recvs", "size", "sync", "worker")
+    __slots__ = ("_pool", "_rtag", "_stag", "comm", "rank", "recvs", "scratches", "size", "sync",
+                 "worker")
 
     def __init__(self, comm: Any, seq: int) -> None:
         self.comm = comm
@@ -81,6 +111,19 @@ class Chan:
         self._rtag = make_tag(comm._cid, KIND_COLL, 0, seq)
         self.recvs: list[asyncio.Future] = []
         self.sync: Callable[[], None] | None = None  # set for GPU buffers
+        self._pool: ScratchPool = comm._world.scratch
+        self.scratches: list[Buf] = []
+
+    def scratch(self, like: Buf, n: int) -> Buf:
+        """Scratch memory of ``n`` elements like ``like`` for this call (see :meth:`release`)."""
+        buf = self._pool.take(self.worker, like, n)
+        self.scratches.append(buf)
+        return buf
+
+    def release(self) -> None:
+        """Return this call's scratch memory once no operation can touch it any more."""
+        self._pool.give(self.scratches)
+        self.scratches = []
 
     def send(self, peer: int, target: tuple[Any, int, Any, bool]) -> asyncio.Future | None:
         return self.comm._ep(peer).isend_raw(target, self._stag)
@@ -248,9 +291,9 @@ async def reduce(ch: Chan, send: Buf, recv: Buf | None, root: int, ufunc: Any) -
         await ch.waitall([ch.send((parent + root) % p, send.part(lo, hi))  # type: ignore[operator]
                           for lo, hi in segs])
         return
-    acc = recv if parent is None else send.scratch(ch.worker, n)
+    acc = recv if parent is None else ch.scratch(send, n)
     assert acc is not None
-    tmps = [send.scratch(ch.worker, n) for _ in kids]
+    tmps = [ch.scratch(send, n) for _ in kids]
     recvs = [[ch.recv(k, t.part(lo, hi)) for lo, hi in segs]
              for k, t in zip(kids, tmps, strict=True)]
     sends = []
@@ -275,7 +318,7 @@ async def allreduce(ch: Chan, send: Buf, recv: Buf, ufunc: Any) -> None:
             copy(ch, recv.arr, send.arr)
         return
     if n * recv.itemsize < TUNING["allreduce_ring_min"] or n < ch.size:
-        tmp = recv.scratch(ch.worker, n)
+        tmp = ch.scratch(recv, n)
         await allreduce_recursive_doubling(ch, send.arr, send.target, recv.arr, recv.target,
                                            tmp.arr, tmp.target, ufunc)
         return
@@ -342,8 +385,8 @@ async def ring_reduce_scatter(ch: Chan, send: Buf, out: Buf, counts: Sequence[in
     right, left = (r + 1) % p, (r - 1) % p
     seg = seg_elems(send)
     biggest = max(counts)
-    tmp = send.scratch(ch.worker, biggest)
-    accs = [] if into_recv else [send.scratch(ch.worker, biggest) for _ in range(2)]
+    tmp = ch.scratch(send, biggest)
+    accs = [] if into_recv else [ch.scratch(send, biggest) for _ in range(2)]
 
     def dest(b: int, s: int) -> tuple[Buf, int]:
         if into_recv:
@@ -433,11 +476,11 @@ async def scan(ch: Chan, send: Buf, recv: Buf, ufunc: Any, exclusive: bool) -> N
     p, r, n = ch.size, ch.rank, send.n
     if n == 0:
         return
-    partial = send.scratch(ch.worker, n)
+    partial = ch.scratch(send, n)
     copy(ch, partial.arr, send.arr)
     if not exclusive and send.arr is not recv.arr:
         copy(ch, recv.arr, send.arr)
-    tmp = send.scratch(ch.worker, n)
+    tmp = ch.scratch(send, n)
     have = not exclusive  # whether recv holds a value yet
     mask = 1
     while mask < p:

@@ -174,7 +174,10 @@ class Collectives:
             await coro
         except asyncio.CancelledError:
             await ch.withdraw()
+            ch.release()
             raise
+        # (after another error operations may still be pending: scratch is dropped)
+        ch.release()
 
     @staticmethod
     def _request(coro: Awaitable[Any]) -> Request:
@@ -458,7 +461,7 @@ class Collectives:
         async def run() -> None:
             src = send
             if in_place:  # take the input out of the way first
-                src = recv.scratch(self._worker, recv.n)
+                src = ch.scratch(recv, recv.n)
                 alg.copy(ch, src.arr, recv.arr)
             await alg.alltoallv(ch, src, scounts, sdispls, recv, rcounts, rdispls)
 
@@ -508,7 +511,7 @@ class Collectives:
         async def run() -> None:
             src = send
             if in_place:
-                src = recv.scratch(self._worker, recv.n)
+                src = ch.scratch(recv, recv.n)
                 alg.copy(ch, src.arr, recv.arr)
             if p == 1:
                 if counts[0] and src is not recv:

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._serialize import FRAMED, Header, decode_header, encode, loads, loads_inline
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError
+from .algorithms import ScratchPool
 from .collectives import Collectives
 from .pool import FramePool
 from .request import Request, Status
@@ -54,6 +55,7 @@ class World:
         self.closed = False
         self.closers: list[Callable[[], Awaitable[None]]] = []
         self.pool = FramePool()
+        self.scratch = ScratchPool()
         self.comm = Comm(self, tuple(range(size)), 0)
 
     def endpoint(self, world_rank: int) -> Any:
@@ -77,6 +79,7 @@ class World:
             return
         self.closed = True
         self.pool.clear()
+        self.scratch.clear()
         try:
             for ep in self._eps.values():
                 ep.abort()
