@@ -22,7 +22,7 @@ PUBLIC_MODULES = [
     "ucxcomm.launch.bootstrap", "ucxcomm.launch.store", "ucxcomm.launch.launcher",
     "ucxcomm.cli", "ucxcomm._buffers", "ucxcomm._serialize", "ucxcomm.comm.pool",
     "ucxcomm.transport.listener", "ucxcomm.transport.info", "ucxcomm.comm.collectives",
-    "ucxcomm.comm.algorithms",
+    "ucxcomm.comm.algorithms", "ucxcomm.transport.config",
 ]
 
 

@@ -11,10 +11,17 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 
-def _info(as_json: bool) -> int:
+def _info(as_json: bool, transport: str | None, tag_offload: str | None) -> int:
+    from .errors import UnsupportedError
+    from .transport import config as tconfig
     from .transport import info as tinfo
 
-    report = asyncio.run(tinfo.collect())
+    try:
+        policy = tconfig.policy_from(transport, tag_offload)
+        report = asyncio.run(tinfo.collect(policy))
+    except (UnsupportedError, ValueError) as exc:
+        print(f"ucxcomm info: {exc}", file=sys.stderr)
+        return 1
     if as_json:
         print(json.dumps(report, indent=2))
         return 0
@@ -35,8 +42,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="kill the job (stack dumps first) after this many seconds")
     run.add_argument("--tag-output", action="store_true", help="prefix output lines with [rank]")
     run.add_argument("prog", nargs=argparse.REMAINDER, help="program and its arguments")
-    info = sub.add_parser("info", help="UCX version, library, transports, CUDA support")
+    info = sub.add_parser("info", help="UCX version and library, RDMA/verbs, transports, tag "
+                          "offload, CUDA support, and why")
     info.add_argument("--json", action="store_true")
+    info.add_argument("--transport", choices=["auto", "rdma", "tcp"], default=None,
+                      help="the policy to check (default: UCXCOMM_TRANSPORT or auto)")
+    info.add_argument("--tag-offload", choices=["auto", "on", "off"], default=None,
+                      help="the tag-matching policy to check (default: UCXCOMM_TAG_OFFLOAD)")
     args = parser.parse_args(argv)
     if args.cmd == "run":
         from .launch.launcher import run_job
@@ -48,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("no program given")
         return run_job(args.n, prog, tag_output=args.tag_output, timeout=args.timeout)
     if args.cmd == "info":
-        return _info(args.json)
+        return _info(args.json, args.transport, args.tag_offload)
     return 2  # pragma: no cover
 
 

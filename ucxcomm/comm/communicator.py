@@ -57,13 +57,32 @@ class World:
         self.pool = FramePool()
         self.scratch = ScratchPool()
         self.comm = Comm(self, tuple(range(size)), 0)
+        self.plan: Any = None  # the transport plan (ucxcomm.transport.config.Plan)
 
     def endpoint(self, world_rank: int) -> Any:
         ep = self._eps.get(world_rank)
         if ep is None:
-            ep = self._eps[world_rank] = self.worker.connect(self.addresses[world_rank],
-                                                             peer=world_rank)
+            ep = self.worker.connect(self.addresses[world_rank], peer=world_rank)
+            if self.plan is not None and world_rank != self.rank:
+                self._check_lanes(world_rank, ep)
+            self._eps[world_rank] = ep
         return ep
+
+    def _check_lanes(self, world_rank: int, ep: Any) -> None:
+        """Enforce the transport policy on a new endpoint: with transport="rdma" a peer
+        reachable only over TCP is a failure; with "auto" it is logged."""
+        kinds = {self.plan.lane_kind(tl) for tl, _ in ep.transports()}
+        if "rdma" in kinds or not kinds or kinds <= {"shm", "gpu"}:
+            return  # RDMA, or a peer on this host (shared memory)
+        lanes = ", ".join(f"{tl}/{dev}" for tl, dev in ep.transports())
+        if self.plan.policy.transport == "rdma":
+            ep.abort()
+            raise PeerFailure(f"rank {world_rank} is not reachable over RDMA (UCX chose "
+                              f"{lanes}) and transport='rdma' forbids a fallback",
+                              peer=world_rank)
+        if self.plan.rdma:
+            log.warning("rank %d: rank %d is reached without RDMA (%s): TCP fallback",
+                        self.rank, world_rank, lanes)
 
     def peer_failed(self, world_rank: int) -> None:
         """Called when the bootstrap store reports that ``world_rank`` died."""

@@ -211,9 +211,15 @@ def _next_generation() -> int:
     return _generation
 
 
-async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | None
-                      ) -> World:
+async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | None,
+                      policy: Any = None) -> World:
     from ..transport import Worker  # keep `import ucxcomm` free of UCX
+    from ..transport.config import policy_from, prepare
+
+    # Transport policy first: transport="rdma" without RDMA fails here, before any
+    # connection to the store or to peers.
+    plan = prepare(policy if policy is not None else policy_from())
+    config = {**plan.config, **(config or {})}
 
     server: StoreServer | None = None
     client: StoreClient | None = None
@@ -246,6 +252,7 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
             await server.close()
         raise
     world = World(worker, spec.rank, spec.size, addresses)
+    world.plan = plan
     if spec.source == "ucxcomm":
         _install_task_dump(spec.rank)
     if client is not None:
@@ -324,7 +331,9 @@ class _Init:
 
 
 def init(*, rank: int | None = None, size: int | None = None, store: str | None = None,
-         timeout: float | None = None, ucx_config: dict[str, str] | None = None) -> _Init:
+         timeout: float | None = None, ucx_config: dict[str, str] | None = None,
+         transport: str | None = None, tag_offload: Any = None,
+         devices: Any = None) -> _Init:
     """Join the world and return its communicator (``comm.rank``, ``comm.size``).
 
     ``await ucxcomm.init()`` or ``async with ucxcomm.init() as comm``. Idempotent: a
@@ -339,6 +348,17 @@ def init(*, rank: int | None = None, size: int | None = None, store: str | None 
         Deadline for the bootstrap (``UCXCOMM_TIMEOUT``, default 120 s).
     ucx_config : dict, optional
         Extra UCX context options (``{"TLS": "tcp,self"}``); ``UCX_*`` variables win.
+    transport : {"auto", "rdma", "tcp"}, optional
+        ``UCXCOMM_TRANSPORT``, default ``"auto"``: RDMA when an active RDMA port and a
+        verbs-capable UCX are present, else TCP (plus shared memory on one host).
+        ``"rdma"`` fails at once when RDMA is unavailable, and a peer reachable only
+        without RDMA fails with ``PeerFailure``. ``"tcp"``: never RDMA.
+        See docs/transports.md.
+    tag_offload : "auto", True or False, optional
+        ``UCXCOMM_TAG_OFFLOAD``, default ``"auto"``: hardware tag matching on capable
+        mlx5 devices (ConnectX-5 and later); ``True`` fails when none is present.
+    devices : list of str or str, optional
+        ``UCXCOMM_DEVICES``: UCX network devices to use (``"mlx5_0:1"``).
 
     Raises
     ------
@@ -346,13 +366,21 @@ def init(*, rank: int | None = None, size: int | None = None, store: str | None 
         Missing/malformed launcher variables, refused token, unreachable store.
     CommTimeoutError
         The world did not form within ``timeout``.
+    UnsupportedError
+        ``transport="rdma"`` or ``tag_offload=True`` where that is not available.
+    ValueError
+        An unknown ``transport`` or malformed ``tag_offload`` (argument or variable).
     """
+    from ..transport.config import policy_from
+
+    policy = policy_from(transport, tag_offload, devices)  # ValueError at the call
     return _Init(dict(rank=rank, size=size, store=store, timeout=timeout,
-                      ucx_config=ucx_config))
+                      ucx_config=ucx_config, policy=policy))
 
 
 async def _init(*, rank: int | None, size: int | None, store: str | None,
-                timeout: float | None, ucx_config: dict[str, str] | None) -> Comm:
+                timeout: float | None, ucx_config: dict[str, str] | None,
+                policy: Any) -> Comm:
     global _world, _lock
     if _world is not None and not _world.closed:
         return _world.comm
@@ -364,7 +392,7 @@ async def _init(*, rank: int | None, size: int | None, store: str | None,
         spec = detect(rank=rank, size=size, store=store)
         if timeout is None:
             timeout = float(os.environ.get("UCXCOMM_TIMEOUT", DEFAULT_TIMEOUT))
-        _world = await _form_world(spec, timeout, ucx_config)
+        _world = await _form_world(spec, timeout, ucx_config, policy)
         return _world.comm
 
 
