@@ -20,6 +20,11 @@ def test_collectives(name, nranks):
     run_case("coll_cases.py", name, nranks)
 
 
+def test_member_death_fails_every_rank():
+    proc = run_case("coll_cases.py", "member_death", 3)
+    assert "died or left" in proc.stderr
+
+
 def test_cancelled_collective():
     run_case("coll_cases.py", "cancelled_collective", 2)
 

@@ -413,6 +413,32 @@ async def cancelled_collective(comm):
 
 
 @case
+async def member_death(comm):
+    """A member dies without closing: every rank's pending and later collectives fail
+    with PeerFailure, including ranks that were not waiting on the dead one directly."""
+    import os
+
+    assert comm.size == 3
+    await comm.barrier()
+    if comm.rank == 2:
+        print(f"CASE-OK member_death rank {comm.rank}", flush=True)
+        os._exit(0)  # no close(): the others must find out
+    n = 3 * SEG // 4 * 3  # ring allreduce: rank 1 waits on rank 0, not on rank 2
+    for attempt in (lambda: comm.Allreduce(np.ones(n, np.float32), np.zeros(n, np.float32)),
+                    lambda: comm.bcast("x", root=0),
+                    lambda: comm.barrier(),
+                    lambda: comm.Allgather(np.ones(4), np.zeros(12))):
+        try:
+            await asyncio.wait_for(attempt(), 30)
+        except ucxcomm.PeerFailure as exc:
+            assert exc.peer == 2, exc
+        else:
+            raise AssertionError("a collective completed without rank 2")
+    comm.abort()
+    return "aborted"
+
+
+@case
 async def tuning_switch_points(comm):
     """Force each allreduce algorithm on the same inputs: identical results."""
     p, r = comm.size, comm.rank
@@ -470,9 +496,9 @@ async def gpu_collectives(comm):
 
 async def main(name: str) -> None:
     comm = await ucxcomm.init()
-    await CASES[name](comm)
-    await comm.barrier(timeout=60)
-    await ucxcomm.finalize()
+    if await CASES[name](comm) != "aborted":
+        await comm.barrier(timeout=60)
+        await ucxcomm.finalize()
     print(f"CASE-OK {name} rank {comm.rank}", flush=True)
 
 

@@ -100,8 +100,8 @@ class Chan:
     algorithm only has to post its receives in the order the peer posts its sends.
     """
 
-    __slots__ = ("_pool", "_rtag", "_stag", "comm", "rank", "recvs", "scratches", "size", "sync",
-                 "worker")
+    __slots__ = ("_pool", "_rtag", "_stag", "comm", "rank", "recvs", "scratches", "sends",
+                 "size", "sync", "worker")
 
     def __init__(self, comm: Any, seq: int) -> None:
         self.comm = comm
@@ -110,6 +110,7 @@ class Chan:
         self._stag = make_tag(comm._cid, KIND_COLL, comm.rank, seq)
         self._rtag = make_tag(comm._cid, KIND_COLL, 0, seq)
         self.recvs: list[asyncio.Future] = []
+        self.sends: list[asyncio.Future] = []
         self.sync: Callable[[], None] | None = None  # set for GPU buffers
         self._pool: ScratchPool = comm._world.scratch
         self.scratches: list[Buf] = []
@@ -126,11 +127,16 @@ class Chan:
         self.scratches = []
 
     def send(self, peer: int, target: tuple[Any, int, Any, bool]) -> asyncio.Future | None:
-        return self.comm._ep(peer).isend_raw(target, self._stag)
+        fut = self.comm._ep(peer).isend_raw(target, self._stag)
+        if fut is not None:
+            self.sends.append(fut)
+        return fut
 
     def recv(self, peer: int, target: tuple[Any, int, Any, bool]) -> asyncio.Future | None:
+        # Any member's death fails the receive (not only the sender's): a collective
+        # cannot complete without every member, so no rank is left waiting.
         fut = self.worker.tag_recv(target, self._rtag | (peer << _SRC_SHIFT), _FULL,
-                                   self.comm._peer_sets[peer])
+                                   self.comm._peers_all)
         if fut is not None:
             self.recvs.append(fut)
         return fut
@@ -150,6 +156,15 @@ class Chan:
                 for other in pending[i + 1:]:
                     other.add_done_callback(_retrieve)
                 raise
+
+    def failed(self) -> None:
+        """After an error: the call's other operations may fail too (e.g. the same
+        dead peer); their errors are consumed here instead of being logged as lost."""
+        for fut in self.recvs + self.sends:
+            if fut.done():
+                _retrieve(fut)
+            else:
+                fut.add_done_callback(_retrieve)
 
     async def withdraw(self) -> None:
         """After a cancellation: withdraw unmatched receives, let matched ones finish,

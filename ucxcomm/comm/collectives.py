@@ -124,6 +124,8 @@ class Collectives:
     _barrier: Callable[[], Awaitable[None]]
     _post_send_obj: Callable[..., list[Any]]
     _post_recv_obj: Callable[..., Any]
+    _match: Callable[..., tuple[int, int, frozenset]]
+    _peers_all: frozenset
     _finish_recv_obj: Callable[..., Awaitable[tuple[Any, Any]]]
     _rd_scratch: tuple[Any, Any, Any, Any] | None = None
 
@@ -176,7 +178,9 @@ class Collectives:
             await ch.withdraw()
             ch.release()
             raise
-        # (after another error operations may still be pending: scratch is dropped)
+        except BaseException:
+            ch.failed()  # operations may still be pending: their scratch is dropped
+            raise
         ch.release()
 
     @staticmethod
@@ -269,6 +273,9 @@ class Collectives:
                                                    tmp, tmp_target, ufunc)
         except asyncio.CancelledError:
             await ch.withdraw()
+            raise
+        except BaseException:
+            ch.failed()
             raise
         self._rd_scratch = (recv.dtype, recv.shape, tmp, tmp_target)
 
@@ -581,7 +588,10 @@ class Collectives:
         return [f for f in self._post_send_obj(obj, dest, KIND_COLL, seq) if f is not None]
 
     async def _orecv(self, source: int, seq: int) -> Any:
-        return (await self._finish_recv_obj(self._post_recv_obj(source, KIND_COLL, seq)))[0]
+        # Fails if any member dies (see Chan.recv), not only ``source``.
+        utag, mask, _ = self._match(KIND_COLL, source, seq)
+        res = self._worker.recv_alloc(utag, mask, self._peers_all)
+        return (await self._finish_recv_obj(res))[0]
 
     @staticmethod
     def _pyop(op: Any) -> Callable[[Any, Any], Any]:

@@ -576,8 +576,9 @@ class Comm(Collectives):
             dest = (self.rank + dist) % self.size
             src = (self.rank - dist) % self.size
             sfut = self._ep(dest).isend(b"", stag)
-            res = worker.recv_into(worker.recv_ptr(bytearray(0)),
-                                   *self._match(KIND_COLL, src, seq))
+            utag, mask, _ = self._match(KIND_COLL, src, seq)
+            res = worker.recv_into(worker.recv_ptr(bytearray(0)), utag, mask,
+                                   self._peers_all)  # any member's death fails it
             if type(res) is not tuple:
                 await self._await_recv(res)
             if sfut is not None:
