@@ -22,7 +22,8 @@ PUBLIC_MODULES = [
     "ucxcomm.launch.bootstrap", "ucxcomm.launch.store", "ucxcomm.launch.launcher",
     "ucxcomm.cli", "ucxcomm._buffers", "ucxcomm._serialize", "ucxcomm.comm.pool",
     "ucxcomm.transport.listener", "ucxcomm.transport.info", "ucxcomm.comm.collectives",
-    "ucxcomm.comm.algorithms", "ucxcomm.transport.config",
+    "ucxcomm.comm.algorithms", "ucxcomm.transport.config", "ucxcomm.transport.rma",
+    "ucxcomm.comm.window",
 ]
 
 

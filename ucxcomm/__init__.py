@@ -28,6 +28,7 @@ from .comm import (
     Request,
     Status,
 )
+from .comm.window import Win
 from .errors import (
     BootstrapError,
     ClosedError,
@@ -81,6 +82,7 @@ __all__ = [
     "TruncationError",
     "UcxCommError",
     "UnsupportedError",
+    "Win",
     "WindowError",
     "__version__",
     "errors",

@@ -58,6 +58,7 @@ class World:
         self.scratch = ScratchPool()
         self.comm = Comm(self, tuple(range(size)), 0)
         self.plan: Any = None  # the transport plan (ucxcomm.transport.config.Plan)
+        self.rma: Any = None  # the ucxcomm.transport.rma module (windows), set by init()
 
     def endpoint(self, world_rank: int) -> Any:
         ep = self._eps.get(world_rank)

@@ -253,6 +253,14 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
         raise
     world = World(worker, spec.rank, spec.size, addresses)
     world.plan = plan
+    from ..transport import rma
+
+    world.rma = rma
+
+    async def _close_rma() -> None:
+        rma.shutdown()
+
+    world.closers.append(_close_rma)
     if spec.source == "ucxcomm":
         _install_task_dump(spec.rank)
     if client is not None:

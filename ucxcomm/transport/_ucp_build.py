@@ -69,6 +69,33 @@ int ucxcomm_stream_recv(uintptr_t ep, void *buf, size_t n, void **req);
 unsigned ucxcomm_progress(uintptr_t worker);
 int ucxcomm_arm(uintptr_t worker);
 void ucxcomm_cancel(uintptr_t worker, void *req);
+/* RMA engine: its own context and thread-safe worker, progressed by a thread */
+int ucxcomm_rma_create(int proto_v1, double spin_s, void **out, char *err, size_t errlen);
+void ucxcomm_rma_destroy(void *eng);
+int ucxcomm_rma_address(void *eng, char *buf, size_t buflen, size_t *len);
+int ucxcomm_rma_connect(void *eng, const void *addr, uintptr_t *ep);
+void ucxcomm_rma_ep_close(void *eng, uintptr_t ep);
+int ucxcomm_rma_mem_map(void *eng, void *addr, size_t len, void **memh);
+int ucxcomm_rma_mem_unmap(void *eng, void *memh);
+int ucxcomm_rma_rkey_pack(void *eng, void *memh, char *buf, size_t buflen, size_t *len);
+int ucxcomm_rma_rkey_unpack(uintptr_t ep, const void *buf, void **rkey);
+void ucxcomm_rma_rkey_destroy(void *rkey);
+int ucxcomm_rma_put(uintptr_t ep, const void *buf, size_t n, uint64_t raddr, void *rkey,
+                    void **req);
+int ucxcomm_rma_get(uintptr_t ep, void *buf, size_t n, uint64_t raddr, void *rkey,
+                    void **req);
+int ucxcomm_rma_atomic(uintptr_t ep, int op, const void *value, void *reply, size_t size,
+                       uint64_t raddr, void *rkey, void **req);
+int ucxcomm_rma_flush(uintptr_t ep, void **req);
+unsigned ucxcomm_rma_progress(void *eng);
+int ucxcomm_rma_test(void *req);
+void ucxcomm_rma_wake(void *eng);
+static const int UCXCOMM_AMO_ADD;
+static const int UCXCOMM_AMO_SWAP;
+static const int UCXCOMM_AMO_CSWAP;
+static const int UCXCOMM_AMO_AND;
+static const int UCXCOMM_AMO_OR;
+static const int UCXCOMM_AMO_XOR;
 #define UCXCOMM_INPROGRESS ...
 static const int UCS_ERR_CANCELED;
 static const int UCS_ERR_MESSAGE_TRUNCATED;
@@ -261,6 +288,322 @@ static void ucxcomm_cancel(uintptr_t worker, void *req)
     ucp_request_cancel((ucp_worker_h)worker, req);
 }
 
+/* ------------------------------------------------------------------ RMA engine
+ * One-sided operations run on a dedicated UCP context + worker (thread mode MULTI), so
+ * that (1) a thread can keep progressing it while Python computes (UCX emulates RMA and
+ * atomics over TCP/shared memory with active messages that the *target* must serve),
+ * and (2) UCX_PROTO_ENABLE=n (needed for emulated atomics) affects RMA only. */
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <stdlib.h>
+#include <stdint.h>
+
+static const int UCXCOMM_AMO_ADD = UCP_ATOMIC_OP_ADD;
+static const int UCXCOMM_AMO_SWAP = UCP_ATOMIC_OP_SWAP;
+static const int UCXCOMM_AMO_CSWAP = UCP_ATOMIC_OP_CSWAP;
+static const int UCXCOMM_AMO_AND = UCP_ATOMIC_OP_AND;
+static const int UCXCOMM_AMO_OR = UCP_ATOMIC_OP_OR;
+static const int UCXCOMM_AMO_XOR = UCP_ATOMIC_OP_XOR;
+
+typedef struct {
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    int wfd;
+    int stop_fd;
+    pthread_t thread;
+    int running;
+    volatile int stop;
+    double spin_s;
+} ucxcomm_rma_t;
+
+static void *ucxcomm_rma_loop(void *arg)
+{
+    ucxcomm_rma_t *e = (ucxcomm_rma_t *)arg;
+    struct pollfd fds[2];
+    ucs_status_t st;
+
+    struct timespec now;
+    double last = 0, t;
+
+    fds[0].fd = e->wfd;
+    fds[0].events = POLLIN;
+    fds[1].fd = e->stop_fd;
+    fds[1].events = POLLIN;
+    while (!e->stop) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        t = now.tv_sec + now.tv_nsec * 1e-9;
+        if (ucp_worker_progress(e->worker)) {
+            last = t;
+            continue;
+        }
+        if (t - last < e->spin_s) {
+            sched_yield();  /* stay hot for a while after activity (latency) */
+            continue;
+        }
+        st = ucp_worker_arm(e->worker);
+        if (st == UCS_ERR_BUSY) {
+            continue;
+        }
+        if (st != UCS_OK) {
+            usleep(100);
+            continue;
+        }
+        fds[0].revents = fds[1].revents = 0;
+        (void)poll(fds, 2, 100);
+    }
+    return NULL;
+}
+
+static int ucxcomm_rma_create(int proto_v1, double spin_s, void **out, char *err,
+                              size_t errlen)
+{
+    ucp_config_t *cfg = NULL;
+    ucp_params_t params;
+    ucp_worker_params_t wparams;
+    ucxcomm_rma_t *e;
+    ucs_status_t st;
+
+    e = (ucxcomm_rma_t *)calloc(1, sizeof(*e));
+    if (e == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return (int)UCS_ERR_NO_MEMORY;
+    }
+    e->wfd = e->stop_fd = -1;
+    e->spin_s = spin_s;
+    st = ucp_config_read(NULL, NULL, &cfg);
+    if (st != UCS_OK) {
+        snprintf(err, errlen, "ucp_config_read");
+        goto fail;
+    }
+    if (proto_v1) {
+        st = ucp_config_modify(cfg, "PROTO_ENABLE", "n");
+        if (st != UCS_OK) {
+            snprintf(err, errlen, "ucp_config_modify(PROTO_ENABLE)");
+            goto fail;
+        }
+    }
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO32 | UCP_FEATURE_AMO64 |
+                      UCP_FEATURE_WAKEUP;
+    params.mt_workers_shared = 1;
+    st = ucp_init(&params, cfg, &e->ctx);
+    ucp_config_release(cfg);
+    cfg = NULL;
+    if (st != UCS_OK) {
+        snprintf(err, errlen, "ucp_init");
+        goto fail;
+    }
+    memset(&wparams, 0, sizeof(wparams));
+    wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS;
+    wparams.thread_mode = UCS_THREAD_MODE_MULTI;
+    wparams.events = UCP_WAKEUP_RMA | UCP_WAKEUP_AMO | UCP_WAKEUP_TX | UCP_WAKEUP_RX;
+    st = ucp_worker_create(e->ctx, &wparams, &e->worker);
+    if (st != UCS_OK) {
+        snprintf(err, errlen, "ucp_worker_create");
+        goto fail;
+    }
+    st = ucp_worker_get_efd(e->worker, &e->wfd);
+    if (st != UCS_OK) {
+        snprintf(err, errlen, "ucp_worker_get_efd");
+        goto fail;
+    }
+    e->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (e->stop_fd < 0 || pthread_create(&e->thread, NULL, ucxcomm_rma_loop, e) != 0) {
+        snprintf(err, errlen, "progress thread");
+        st = UCS_ERR_IO_ERROR;
+        goto fail;
+    }
+    e->running = 1;
+    *out = e;
+    return (int)UCS_OK;
+fail:
+    if (cfg != NULL) {
+        ucp_config_release(cfg);
+    }
+    if (e->stop_fd >= 0) {
+        close(e->stop_fd);
+    }
+    if (e->worker != NULL) {
+        ucp_worker_destroy(e->worker);
+    }
+    if (e->ctx != NULL) {
+        ucp_cleanup(e->ctx);
+    }
+    free(e);
+    return (int)st;
+}
+
+static void ucxcomm_rma_destroy(void *eng)
+{
+    ucxcomm_rma_t *e = (ucxcomm_rma_t *)eng;
+    uint64_t one = 1;
+    if (e->running) {
+        e->stop = 1;
+        (void)write(e->stop_fd, &one, sizeof(one));
+        pthread_join(e->thread, NULL);
+    }
+    close(e->stop_fd);
+    ucp_worker_destroy(e->worker);
+    ucp_cleanup(e->ctx);
+    free(e);
+}
+
+static int ucxcomm_rma_address(void *eng, char *buf, size_t buflen, size_t *len)
+{
+    ucxcomm_rma_t *e = (ucxcomm_rma_t *)eng;
+    ucp_address_t *addr;
+    size_t n;
+    ucs_status_t st = ucp_worker_get_address(e->worker, &addr, &n);
+    if (st != UCS_OK) {
+        return (int)st;
+    }
+    *len = n;
+    if (n <= buflen) {
+        memcpy(buf, addr, n);
+    }
+    ucp_worker_release_address(e->worker, addr);
+    return n <= buflen ? (int)UCS_OK : (int)UCS_ERR_BUFFER_TOO_SMALL;
+}
+
+static int ucxcomm_rma_connect(void *eng, const void *addr, uintptr_t *ep)
+{
+    ucxcomm_rma_t *e = (ucxcomm_rma_t *)eng;
+    ucp_ep_params_t params;
+    ucp_ep_h h;
+    ucs_status_t st;
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    params.address = (const ucp_address_t *)addr;
+    st = ucp_ep_create(e->worker, &params, &h);
+    *ep = (uintptr_t)h;
+    return (int)st;
+}
+
+static void ucxcomm_rma_ep_close(void *eng, uintptr_t ep)
+{
+    ucxcomm_rma_t *e = (ucxcomm_rma_t *)eng;
+    ucp_request_param_t param;
+    ucs_status_ptr_t sp;
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    sp = ucp_ep_close_nbx((ucp_ep_h)ep, &param);
+    if (sp != NULL && !UCS_PTR_IS_ERR(sp)) {
+        while (ucp_request_check_status(sp) == UCS_INPROGRESS) {
+            ucp_worker_progress(e->worker);
+        }
+        ucp_request_free(sp);
+    }
+}
+
+static int ucxcomm_rma_mem_map(void *eng, void *addr, size_t len, void **memh)
+{
+    ucxcomm_rma_t *e = (ucxcomm_rma_t *)eng;
+    ucp_mem_map_params_t params;
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    params.address = addr;
+    params.length = len;
+    return (int)ucp_mem_map(e->ctx, &params, (ucp_mem_h *)memh);
+}
+
+static int ucxcomm_rma_mem_unmap(void *eng, void *memh)
+{
+    return (int)ucp_mem_unmap(((ucxcomm_rma_t *)eng)->ctx, (ucp_mem_h)memh);
+}
+
+static int ucxcomm_rma_rkey_pack(void *eng, void *memh, char *buf, size_t buflen,
+                                 size_t *len)
+{
+    void *rb;
+    size_t n;
+    ucs_status_t st = ucp_rkey_pack(((ucxcomm_rma_t *)eng)->ctx, (ucp_mem_h)memh, &rb, &n);
+    if (st != UCS_OK) {
+        return (int)st;
+    }
+    *len = n;
+    if (n <= buflen) {
+        memcpy(buf, rb, n);
+    }
+    ucp_rkey_buffer_release(rb);
+    return n <= buflen ? (int)UCS_OK : (int)UCS_ERR_BUFFER_TOO_SMALL;
+}
+
+static int ucxcomm_rma_rkey_unpack(uintptr_t ep, const void *buf, void **rkey)
+{
+    return (int)ucp_ep_rkey_unpack((ucp_ep_h)ep, buf, (ucp_rkey_h *)rkey);
+}
+
+static void ucxcomm_rma_rkey_destroy(void *rkey)
+{
+    ucp_rkey_destroy((ucp_rkey_h)rkey);
+}
+
+static int ucxcomm_rma_put(uintptr_t ep, const void *buf, size_t n, uint64_t raddr,
+                           void *rkey, void **req)
+{
+    ucp_request_param_t param;
+    param.op_attr_mask = 0;
+    return ucxcomm_status_ptr(ucp_put_nbx((ucp_ep_h)ep, buf, n, raddr, (ucp_rkey_h)rkey,
+                                          &param), req);
+}
+
+static int ucxcomm_rma_get(uintptr_t ep, void *buf, size_t n, uint64_t raddr, void *rkey,
+                           void **req)
+{
+    ucp_request_param_t param;
+    param.op_attr_mask = 0;
+    return ucxcomm_status_ptr(ucp_get_nbx((ucp_ep_h)ep, buf, n, raddr, (ucp_rkey_h)rkey,
+                                          &param), req);
+}
+
+/* reply != NULL: fetching (for CSWAP it holds the compare value on entry). */
+static int ucxcomm_rma_atomic(uintptr_t ep, int op, const void *value, void *reply,
+                              size_t size, uint64_t raddr, void *rkey, void **req)
+{
+    ucp_request_param_t param;
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+    param.datatype = ucp_dt_make_contig(size);
+    if (reply != NULL) {
+        param.op_attr_mask |= UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+        param.reply_buffer = reply;
+    }
+    return ucxcomm_status_ptr(ucp_atomic_op_nbx((ucp_ep_h)ep, (ucp_atomic_op_t)op, value, 1,
+                                                raddr, (ucp_rkey_h)rkey, &param), req);
+}
+
+static int ucxcomm_rma_flush(uintptr_t ep, void **req)
+{
+    ucp_request_param_t param;
+    param.op_attr_mask = 0;
+    return ucxcomm_status_ptr(ucp_ep_flush_nbx((ucp_ep_h)ep, &param), req);
+}
+
+static unsigned ucxcomm_rma_progress(void *eng)
+{
+    return ucp_worker_progress(((ucxcomm_rma_t *)eng)->worker);
+}
+
+/* UCXCOMM_INPROGRESS, or the final status (the request is then freed). */
+static int ucxcomm_rma_test(void *req)
+{
+    ucs_status_t st = ucp_request_check_status(req);
+    if (st == UCS_INPROGRESS) {
+        return UCXCOMM_INPROGRESS;
+    }
+    ucp_request_free(req);
+    return (int)st;
+}
+
+static void ucxcomm_rma_wake(void *eng)
+{
+    ucp_worker_signal(((ucxcomm_rma_t *)eng)->worker);
+}
+
 /* The file libucp was actually loaded from (wheel or system). */
 static const char *ucxcomm_libucp_path(void)
 {
@@ -291,7 +634,7 @@ def make_ffibuilder() -> FFI:
         SOURCE,
         include_dirs=[os.path.join(prefix, "include")],
         library_dirs=[os.path.join(prefix, "lib")],
-        libraries=["ucp", "ucs", "dl"],
+        libraries=["ucp", "ucs", "dl", "pthread"],
         extra_compile_args=["-O2"],
     )
     return ffibuilder

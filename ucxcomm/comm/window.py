@@ -1,0 +1,340 @@
+"""``Win``: one-sided windows over a communicator (mpi4py's names, awaitable).
+
+Every rank exposes a memory region; ``Put``/``Get``/``Accumulate``/``Fetch_and_op``/
+``Compare_and_swap`` reach any rank's region without its CPU taking part (on RDMA; over
+TCP and shared memory the target's RMA progress thread serves them, see
+:mod:`ucxcomm.transport.rma`). Windows are open for access from creation to ``Free()``.
+
+Atomicity (MPI: accumulates are atomic element-wise with respect to each other):
+
+* 32/64-bit integer elements with ``SUM``, ``BAND``, ``BOR``, ``BXOR``, ``REPLACE``,
+  ``NO_OP``, and ``Compare_and_swap`` on them, use UCX's remote atomics, element by element.
+* Every other op/dtype (floats, ``MIN``/``MAX``/``PROD``...) runs get-op-put under a
+  per-target accumulate lock (itself a remote atomic), so those are atomic with respect
+  to each other. Mixing the two groups on the same location concurrently is not atomic
+  (MPI's ``accumulate_ops=same_op_no_op``); one op per location is always safe.
+
+Passive-target locks (``Lock``/``Unlock``) are a reader-writer lock word per rank, also
+taken with remote atomics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+
+from .._buffers import typed_flat
+from ..errors import ClosedError, WindowError
+from .ops import BAND, BOR, BXOR, NO_OP, REPLACE, SUM, Op
+
+__all__ = ["Win"]
+
+_CTRL_WORDS = 2  # [0]: passive-target lock, [1]: accumulate lock
+_EXCL = 1 << 40  # exclusive-lock bit in the lock word (shared holders: low bits)
+_INT_AMO = {np.dtype(t) for t in (np.int32, np.uint32, np.int64, np.uint64)}
+_NATIVE = {SUM: "add", BAND: "and", BOR: "or", BXOR: "xor", REPLACE: "swap"}
+
+
+def _native(op: Op, dt: np.dtype) -> bool:
+    return dt in _INT_AMO and (op in _NATIVE or op is NO_OP)
+
+
+async def _backoff(attempt: int) -> None:
+    """Pause between attempts at a contended remote lock (yield first, then sleep a
+    little longer each time, up to 1 ms)."""
+    await asyncio.sleep(0 if attempt < 4 else min(1e-3, 1e-5 * 2 ** min(attempt - 4, 7)))
+
+
+class Win:
+    """A window: every rank's exposed memory, reachable by all (create with
+    :meth:`Allocate` or :meth:`Create`; collective)."""
+
+    comm: Any
+    memory: Any  # this rank's exposed buffer
+    disp_unit: int
+    _eng: Any
+    _ctrl: np.ndarray
+    _region: Any
+    _ctrl_region: Any
+    _mem: list[Any]  # RemoteMemory of every rank's window
+    _ctl: list[Any]  # RemoteMemory of every rank's control words
+    _units: list[int]
+    _held: dict[int, bool]
+
+    def __init__(self) -> None:  # use Allocate/Create
+        self._closed = True
+
+    # ------------------------------------------------------------ creation
+    @classmethod
+    async def Allocate(cls, comm: Any, nbytes: int, disp_unit: int = 1) -> Win:
+        """Collective: allocate ``nbytes`` (zeroed) on every rank and expose them.
+        ``win.memory`` is this rank's part (a writable numpy uint8 array)."""
+        if type(nbytes) is not int or nbytes < 0:
+            raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
+        return await cls._make(comm, np.zeros(max(nbytes, 1), np.uint8)[:nbytes],
+                               disp_unit)
+
+    @classmethod
+    async def Create(cls, comm: Any, buf: Any, disp_unit: int = 1) -> Win:
+        """Collective: expose ``buf`` (a writable, contiguous buffer) on every rank."""
+        typed_flat(buf, writable=True, what="Win.Create buffer")  # checks, no I/O
+        return await cls._make(comm, buf, disp_unit)
+
+    @classmethod
+    async def _make(cls, comm: Any, buf: Any, disp_unit: int) -> Win:
+        rma = comm._world.rma  # ucxcomm.transport.rma, handed over by init()
+        RemoteMemory, engine = rma.RemoteMemory, rma.engine
+        if type(disp_unit) is not int or disp_unit < 1:
+            raise ValueError(f"disp_unit must be an int >= 1, got {disp_unit!r}")
+        self = cls()
+        self.comm = comm
+        self.memory = buf
+        self.disp_unit = disp_unit
+        self._eng = engine()
+        self._ctrl = np.zeros(_CTRL_WORDS, np.int64)
+        self._region = self._eng.register(buf)
+        self._ctrl_region = self._eng.register(self._ctrl)
+        mine = (self._region.rkey, self._region.address, self._region.nbytes,
+                self._ctrl_region.rkey, self._ctrl_region.address, disp_unit)
+        infos = await comm.allgather(mine)
+        self._mem = [RemoteMemory(i[0], i[1], i[2], self._eng) for i in infos]
+        self._ctl = [RemoteMemory(i[3], i[4], _CTRL_WORDS * 8, self._eng) for i in infos]
+        self._units = [i[5] for i in infos]
+        self._held = {}  # rank -> exclusive?
+        self._closed = False
+        return self
+
+    def _check(self, rank: Any) -> int:
+        if self._closed:
+            raise ClosedError("the window was freed")
+        if type(rank) is not int or not 0 <= rank < len(self._mem):
+            raise ValueError(f"target rank {rank!r} is out of range for a window over "
+                             f"{len(self._mem)} ranks")
+        return rank
+
+    def _origin(self, buf: Any, writable: bool, what: str) -> np.ndarray:
+        return typed_flat(buf, writable=writable, what=what)
+
+    def _offset(self, rank: int, disp: Any, nbytes: int, what: str) -> int:
+        if type(disp) is not int:
+            raise TypeError(f"{what}: target_disp must be an int, got {disp!r}")
+        off = disp * self._units[rank]
+        if disp < 0 or off + nbytes > self._mem[rank].nbytes:
+            raise WindowError(f"{what}: {nbytes} bytes at displacement {disp} (x "
+                              f"{self._units[rank]}) fall outside rank {rank}'s "
+                              f"{self._mem[rank].nbytes}-byte window")
+        return off
+
+    # ------------------------------------------------------------ data movement
+    async def Put(self, origin: Any, target_rank: int, target_disp: int = 0) -> None:
+        """Write ``origin`` into ``target_rank``'s window at ``target_disp``; returns when
+        ``origin`` may be reused (visible at the target after Flush/Unlock/Fence)."""
+        r = self._check(target_rank)
+        arr = self._origin(origin, False, "Put origin")
+        off = self._offset(r, target_disp, arr.nbytes, "Put")
+        await self._mem[r].put(arr, off)
+
+    async def Get(self, origin: Any, target_rank: int, target_disp: int = 0) -> None:
+        """Read ``len(origin)`` bytes of ``target_rank``'s window into ``origin``."""
+        r = self._check(target_rank)
+        arr = self._origin(origin, True, "Get origin")
+        off = self._offset(r, target_disp, arr.nbytes, "Get")
+        await self._mem[r].get(arr, off)
+
+    async def Accumulate(self, origin: Any, target_rank: int, target_disp: int = 0,
+                         op: Op = SUM) -> None:
+        """``target = op(target, origin)`` element-wise, atomically per element."""
+        await self._accumulate(origin, None, target_rank, target_disp, op, "Accumulate")
+
+    async def Get_accumulate(self, origin: Any, result: Any, target_rank: int,
+                             target_disp: int = 0, op: Op = SUM) -> None:
+        """Like :meth:`Accumulate`, and ``result`` receives the previous target values."""
+        await self._accumulate(origin, result, target_rank, target_disp, op,
+                               "Get_accumulate")
+
+    async def _accumulate(self, origin: Any, result: Any, target_rank: int,
+                          target_disp: int, op: Op, what: str) -> None:
+        r = self._check(target_rank)
+        if not isinstance(op, Op) or (op.ufunc is None and op not in (REPLACE, NO_OP)):
+            raise TypeError(f"{what}: op must be an element-wise ucxcomm.Op, got {op!r}")
+        src = self._origin(origin, False, f"{what} origin")
+        dt = src.dtype
+        res = None
+        if result is not None:
+            res = self._origin(result, True, f"{what} result")
+            if res.dtype != dt or res.size != src.size:
+                raise ValueError(f"{what}: result must match origin ({src.size} x {dt})")
+        if op.ufunc is not None:
+            from .collectives import _ufunc
+
+            _ufunc(op, src)  # op/dtype check before any I/O
+        off = self._offset(r, target_disp, src.nbytes, what)
+        if _native(op, dt):
+            mem, isz = self._mem[r], dt.itemsize
+            for i in range(src.size):
+                if op is NO_OP:
+                    old = await mem.atomic("add", 0, off + i * isz, dt)
+                else:
+                    old = await mem.atomic(_NATIVE[op], src[i].item(), off + i * isz, dt,
+                                           fetch=res is not None)
+                if res is not None:
+                    res[i] = old
+            return
+        await self._locked_update(r, off, src, res, op)
+
+    async def _locked_update(self, r: int, off: int, src: np.ndarray, res: Any,
+                             op: Op) -> None:
+        """get-op-put under rank ``r``'s accumulate lock (atomic w.r.t. the others)."""
+        ctl, mem = self._ctl[r], self._mem[r]
+        attempt = 0
+        while await ctl.compare_swap(0, 1, 8, np.int64) != 0:
+            await _backoff(attempt)
+            attempt += 1
+        try:
+            cur = np.empty_like(src)
+            await mem.get(cur, off)
+            if res is not None:
+                res[...] = cur
+            if op is REPLACE:
+                new = src
+            elif op is NO_OP:
+                return
+            else:
+                new = getattr(np, op.ufunc)(cur, src)  # type: ignore[arg-type]
+                new = np.asarray(new, dtype=src.dtype)
+            await mem.put(new, off)
+            await mem.flush()
+        finally:
+            await ctl.swap(0, 8, np.int64)
+            await ctl.flush()
+
+    async def Fetch_and_op(self, value: Any, target_rank: int, target_disp: int = 0,
+                           op: Op = SUM, dtype: Any = np.int64) -> Any:
+        """Apply ``op`` with ``value`` to one element; returns the previous value."""
+        dt = np.dtype(dtype)
+        src = np.array([value], dtype=dt)
+        res = np.empty(1, dtype=dt)
+        await self._accumulate(src, res, target_rank, target_disp, op, "Fetch_and_op")
+        return res[0].item()
+
+    async def Compare_and_swap(self, value: Any, compare: Any, target_rank: int,
+                               target_disp: int = 0, dtype: Any = np.int64) -> Any:
+        """Write ``value`` if the element equals ``compare``; returns the old value."""
+        r = self._check(target_rank)
+        dt = np.dtype(dtype)
+        off = self._offset(r, target_disp, dt.itemsize, "Compare_and_swap")
+        if dt in _INT_AMO:
+            return await self._mem[r].compare_swap(compare, value, off, dt)
+        src = np.array([value], dtype=dt)
+        res = np.empty(1, dtype=dt)
+        ctl, mem = self._ctl[r], self._mem[r]
+        attempt = 0
+        while await ctl.compare_swap(0, 1, 8, np.int64) != 0:
+            await _backoff(attempt)
+            attempt += 1
+        try:
+            await mem.get(res, off)
+            if res[0] == np.array(compare, dtype=dt):
+                await mem.put(src, off)
+                await mem.flush()
+        finally:
+            await ctl.swap(0, 8, np.int64)
+            await ctl.flush()
+        return res[0].item()
+
+    # ------------------------------------------------------------ synchronization
+    async def Flush(self, rank: int) -> None:
+        """Complete, at ``rank``, every operation this rank issued to it."""
+        await self._mem[self._check(rank)].flush()
+
+    async def Flush_all(self) -> None:
+        for r in range(len(self._mem)):
+            await self.Flush(r)
+
+    async def Fence(self) -> None:
+        """Complete all of this rank's operations, then synchronize all ranks."""
+        await self.Flush_all()
+        await self.comm.barrier()
+
+    async def Lock(self, rank: int, exclusive: bool = True) -> None:
+        """Passive-target lock on ``rank`` (exclusive: alone; shared: with other shared
+        holders). Waits while it is held incompatibly."""
+        r = self._check(rank)
+        if r in self._held:
+            raise RuntimeError(f"rank {r} is already locked by this rank")
+        ctl = self._ctl[r]
+        attempt = 0
+        if exclusive:
+            while await ctl.compare_swap(0, _EXCL, 0, np.int64) != 0:
+                await _backoff(attempt)
+                attempt += 1
+        else:
+            while True:
+                old = await ctl.fetch_add(1, 0, np.int64)
+                if not old & _EXCL:
+                    break
+                await ctl.add(-1, 0, np.int64)
+                await _backoff(attempt)
+                attempt += 1
+        self._held[r] = exclusive
+
+    async def Unlock(self, rank: int) -> None:
+        """Complete this rank's operations at ``rank`` and release the lock."""
+        r = self._check(rank)
+        if r not in self._held:
+            raise RuntimeError(f"rank {r} is not locked by this rank")
+        exclusive = self._held.pop(r)
+        await self._mem[r].flush()
+        ctl = self._ctl[r]
+        await ctl.add(-_EXCL if exclusive else -1, 0, np.int64)
+        await ctl.flush()
+
+    async def Lock_all(self) -> None:
+        """Shared lock on every rank."""
+        for r in range(len(self._mem)):
+            await self.Lock(r, exclusive=False)
+
+    async def Unlock_all(self) -> None:
+        for r in list(self._held):
+            await self.Unlock(r)
+
+    @contextlib.asynccontextmanager
+    async def lock(self, rank: int, exclusive: bool = True) -> AsyncIterator[Win]:
+        """``async with win.lock(rank):`` -- Lock ... Unlock."""
+        await self.Lock(rank, exclusive)
+        try:
+            yield self
+        finally:
+            await self.Unlock(rank)
+
+    @contextlib.asynccontextmanager
+    async def fence_epoch(self) -> AsyncIterator[Win]:
+        """``async with win.fence_epoch():`` -- Fence before and after."""
+        await self.Fence()
+        yield self
+        await self.Fence()
+
+    async def Free(self) -> None:
+        """Collective: wait for every rank, then release the registrations."""
+        if self._closed:
+            return
+        await self.Flush_all()
+        await self.comm.barrier()
+        self._closed = True
+        for rm in self._mem + self._ctl:
+            rm.release()
+        self._region.release()
+        self._ctrl_region.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        state = "freed" if self._closed else f"{len(self._mem)} ranks"
+        return f"<ucxcomm.Win {state}>"
+
