@@ -135,3 +135,62 @@ def test_transport_is_lazy():
             "ucxcomm.transport.listen; assert 'ucxcomm.transport' in sys.modules; "
             "assert 'ucxx' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+SERVER = r"""
+import asyncio, sys
+import numpy as np
+import ucxcomm
+
+async def main():
+    done = asyncio.get_running_loop().create_future()
+    mem = np.zeros(64, np.uint64)
+
+    async def handler(ep):
+        region = ucxcomm.transport.default_worker().register(mem)
+        await ep.send_obj((region.rkey, region.address, region.nbytes))
+        assert await ep.recv_obj() == "done"
+        # What the client did, one-sidedly, while this side only waited:
+        assert (mem[8:12] == 5).all() and mem[0] == 30, mem[:12]
+        await ep.send_obj("checked")
+        region.release()
+        done.set_result(True)
+
+    async with await ucxcomm.transport.listen(handler) as lst:
+        print(lst.port, flush=True)
+        await asyncio.wait_for(done, 60)
+
+asyncio.run(main())
+"""
+
+
+async def test_remote_memory_between_processes():
+    """The contract's transport-level RMA: worker.register / ep.remote_memory, with the
+    server in another process."""
+    proc = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            stdin=subprocess.DEVNULL)
+    try:
+        port = int(await asyncio.to_thread(proc.stdout.readline))
+        ep = await ucxcomm.transport.connect("127.0.0.1", port)
+        rkey, addr, nbytes = await ep.recv_obj()
+        remote = ep.remote_memory(rkey, addr, nbytes)
+        await remote.put(np.full(4, 5, np.uint64), 64)
+        olds = [await remote.fetch_add(10, 0) for _ in range(3)]
+        assert olds == [0, 10, 20]
+        got = np.zeros(4, np.uint64)
+        await remote.get(got, 64)
+        assert (got == 5).all()
+        with pytest.raises(ucxcomm.WindowError):
+            await remote.put(np.zeros(2, np.uint64), nbytes - 8)
+        await remote.flush()
+        await ep.send_obj("done")
+        assert await ep.recv_obj() == "checked"
+        remote.release()
+        ep.abort()
+        out, err = await asyncio.to_thread(proc.communicate, timeout=30)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

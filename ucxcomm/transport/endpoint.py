@@ -70,6 +70,15 @@ class Endpoint:
             raise ClosedError("the endpoint is closed")
         return self._worker.send_raw(self._handle, target, tag, self._peers, self._fast)
 
+    def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Any:
+        """The peer's registered memory (``rkey``, ``address`` and ``nbytes`` from its
+        ``worker.register(buf)``): a :class:`~ucxcomm.transport.rma.RemoteMemory` with
+        ``put``, ``get``, ``flush`` and atomics (``fetch_add``, ``compare_swap``...)."""
+        self._check_open()
+        from .rma import RemoteMemory
+
+        return RemoteMemory(rkey, address, nbytes)
+
     def _scoped(self, ns: int | None, tag: int) -> int:
         if ns is None:  # a raw worker-address endpoint: the tag is the UCX tag
             if type(tag) is not int or not 0 <= tag < (1 << 64):

@@ -191,6 +191,17 @@ class Worker:
     def info(self) -> str:
         return str(self._worker.info)
 
+    # ------------------------------------------------------------------ RMA
+    def register(self, buf: Any) -> Any:
+        """Register ``buf`` for one-sided access by peers: a
+        :class:`~ucxcomm.transport.rma.MemoryRegion` whose ``rkey`` (bytes) and
+        ``address`` a peer passes to ``ep.remote_memory``. One-sided operations run on
+        this process's RMA engine (see :mod:`ucxcomm.transport.rma`)."""
+        self._check_open()
+        from .rma import engine
+
+        return engine().register(buf)
+
     # ------------------------------------------------------------ endpoints
     def listen(self, port: int, callback: Callable[[int], None]) -> Any:
         """A UCX listener; ``callback(conn_request)`` runs during progress (see
