@@ -167,11 +167,12 @@ asyncio.run(main())
 async def test_remote_memory_between_processes():
     """The contract's transport-level RMA: worker.register / ep.remote_memory, with the
     server in another process."""
-    proc = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            stdin=subprocess.DEVNULL)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SERVER, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL, cwd=ROOT)
     try:
-        port = int(await asyncio.to_thread(proc.stdout.readline))
+        assert proc.stdout is not None
+        port = int(await asyncio.wait_for(proc.stdout.readline(), 30))
         ep = await ucxcomm.transport.connect("127.0.0.1", port)
         rkey, addr, nbytes = await ep.recv_obj()
         remote = ep.remote_memory(rkey, addr, nbytes)
@@ -188,9 +189,9 @@ async def test_remote_memory_between_processes():
         assert await ep.recv_obj() == "checked"
         remote.release()
         ep.abort()
-        out, err = await asyncio.to_thread(proc.communicate, timeout=30)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 0, err
     finally:
-        if proc.poll() is None:
+        if proc.returncode is None:
             proc.kill()
-            proc.wait()
+            await proc.wait()

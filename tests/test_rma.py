@@ -22,3 +22,14 @@ def test_rma(name, nranks):
 def test_rma_over_tcp(name):
     """UCX emulates RMA and atomics over TCP: the targets' progress threads serve them."""
     run_case("rma_cases.py", name, 3, env={"UCX_TLS": "tcp,self"})
+
+
+def test_work_queue_example():
+    """examples/work_queue.py: every task handed out exactly once via Fetch_and_op."""
+    import sys
+
+    from conftest import launch
+
+    proc = launch(3, [sys.executable, "examples/work_queue.py"], timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "200 tasks over 3 ranks" in proc.stdout

@@ -37,6 +37,10 @@ _CTRL_WORDS = 2  # [0]: passive-target lock, [1]: accumulate lock
 _EXCL = 1 << 40  # exclusive-lock bit in the lock word (shared holders: low bits)
 _INT_AMO = {np.dtype(t) for t in (np.int32, np.uint32, np.int64, np.uint64)}
 _NATIVE = {SUM: "add", BAND: "and", BOR: "or", BXOR: "xor", REPLACE: "swap"}
+_FOP = {**_NATIVE, NO_OP: "add"}  # Fetch_and_op's remote atomic per op (NO_OP: add 0)
+_INT_AMO_KEYS: dict[Any, int] = {}
+for _t in (np.int32, np.uint32, np.int64, np.uint64):
+    _INT_AMO_KEYS[_t] = _INT_AMO_KEYS[np.dtype(_t)] = np.dtype(_t).itemsize
 
 
 def _native(op: Op, dt: np.dtype) -> bool:
@@ -215,6 +219,12 @@ class Win:
     async def Fetch_and_op(self, value: Any, target_rank: int, target_disp: int = 0,
                            op: Op = SUM, dtype: Any = np.int64) -> Any:
         """Apply ``op`` with ``value`` to one element; returns the previous value."""
+        amo = _FOP.get(op) if dtype in _INT_AMO_KEYS else None
+        if amo is not None:  # the common case, kept short: one remote atomic
+            r = self._check(target_rank)
+            size = _INT_AMO_KEYS[dtype]
+            off = self._offset(r, target_disp, size, "Fetch_and_op")
+            return await self._mem[r].atomic(amo, 0 if op is NO_OP else value, off, dtype)
         dt = np.dtype(dtype)
         src = np.array([value], dtype=dt)
         res = np.empty(1, dtype=dt)

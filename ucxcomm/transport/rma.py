@@ -42,6 +42,21 @@ _BLOB = struct.Struct("<4sII")  # magic, address length, packed rkey length
 _MAGIC = b"UCR1"
 _AMO_TYPES = {np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.int64),
               np.dtype(np.uint64)}
+# dtype -> (cffi type, size, signed); also keyed by the dtype-like objects callers pass
+_CTYPES: dict[Any, tuple[str, int, bool]] = {}
+for _t, _c in ((np.int32, "int32_t *"), (np.uint32, "uint32_t *"), (np.int64, "int64_t *"),
+               (np.uint64, "uint64_t *")):
+    _CTYPES[_t] = _CTYPES[np.dtype(_t)] = (_c, np.dtype(_t).itemsize,
+                                           np.dtype(_t).kind == "i")
+
+
+def _wrap(value: Any, size: int, signed: bool) -> int:
+    """``value`` as the ``size``-byte integer the hardware would see (two's complement)."""
+    bits = size * 8
+    v = int(value) & ((1 << bits) - 1)
+    if signed and v >> (bits - 1):
+        v -= 1 << bits
+    return v
 
 
 def _rdma_atomics_available() -> bool:
@@ -106,6 +121,7 @@ class RmaEngine:
         self._eps: dict[bytes, int] = {}
         self._regions: list[MemoryRegion] = []
         self._req_out = self._ffi.new("void *[1]")
+        self._amo = {op: getattr(self._lib, name) for op, name in _OPS.items()}
         self.closed = False
 
     def endpoint(self, address: bytes) -> int:
@@ -156,7 +172,7 @@ class RmaEngine:
         while st == inprogress:
             lib.ucxcomm_rma_wake(eng)
             await asyncio.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+            pause = min(pause * 2, 2e-4)
             st = test(req)
         if st < 0:
             raise _ucx.status_error(st, what="RMA")
@@ -317,27 +333,32 @@ class RemoteMemory:
                      fetch: bool = True, compare: Any = None) -> Any:
         """Remote atomic ``op`` (add, swap, cswap, and, or, xor) on a 32- or 64-bit
         integer at ``offset``; returns the previous value when ``fetch``."""
-        dt = np.dtype(dtype)
-        if dt not in _AMO_TYPES:
-            raise TypeError(f"remote atomics work on 32/64-bit integers, not {dt}")
-        if op not in _OPS:
+        ctype = _CTYPES.get(dtype)
+        if ctype is None:
+            dt = np.dtype(dtype)
+            if dt not in _AMO_TYPES:
+                raise TypeError(f"remote atomics work on 32/64-bit integers, not {dt}")
+            ctype = _CTYPES[dtype] = _CTYPES[dt]
+        cname, size, signed = ctype
+        opcode = self._eng._amo.get(op)
+        if opcode is None:
             raise ValueError(f"unknown atomic op {op!r}")
-        if offset % dt.itemsize:
-            raise WindowError(f"atomic at offset {offset} is not {dt.itemsize}-byte aligned")
-        raddr = self._check(offset, dt.itemsize, f"atomic {op}")
+        if offset % size:
+            raise WindowError(f"atomic at offset {offset} is not {size}-byte aligned")
+        raddr = self._check(offset, size, f"atomic {op}")
         eng = self._eng
-        ffi, lib = eng._ffi, eng._lib
-        val = np.array([value], dtype=dt)  # wraps like the hardware does
-        reply = None
+        ffi = eng._ffi
+        val = ffi.new(cname, _wrap(value, size, signed))  # wraps like the hardware does
+        reply = ffi.NULL
         if op == "cswap":  # UCP: the operand is the compare value, the reply buffer
-            val, reply = np.array([compare], dtype=dt), val  # brings the new value in
-        elif fetch:
-            reply = np.empty(1, dtype=dt)
-        st = lib.ucxcomm_rma_atomic(self._ep, getattr(lib, _OPS[op]), ffi.from_buffer(val),
-                                    ffi.NULL if reply is None else ffi.from_buffer(reply),
-                                    dt.itemsize, raddr, self._rkey, eng._req_out)
-        await eng.wait(eng.post(st))
-        return None if reply is None else reply[0].item()
+            val, reply = ffi.new(cname, _wrap(compare, size, signed)), val  # brings the new
+        elif fetch:                                                        # value in
+            reply = ffi.new(cname)
+        st = eng._lib.ucxcomm_rma_atomic(self._ep, opcode, val, reply, size, raddr,
+                                         self._rkey, eng._req_out)
+        if st:
+            await eng.wait(eng.post(st))
+        return None if reply == ffi.NULL else reply[0]
 
     async def fetch_add(self, value: Any, offset: int = 0, dtype: Any = np.uint64) -> Any:
         return await self.atomic("add", value, offset, dtype)
