@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 import ucxcomm
-from ucxcomm.transport.rma import RemoteMemory, engine
+from ucxcomm.transport.rma import RemoteMemory, register
 
 CASES = {}
 
@@ -26,9 +26,8 @@ def case(fn):
 async def remote_memory(comm):
     """Transport level: register, exchange keys, put/get/flush, atomics."""
     p, r = comm.size, comm.rank
-    eng = engine()
     mem = np.zeros(1024, np.uint64)
-    reg = eng.register(mem)
+    reg = register(mem)
     infos = await comm.allgather((reg.rkey, reg.address, reg.nbytes))
     remote = [RemoteMemory(*i) for i in infos]
     right, left = (r + 1) % p, (r - 1) % p

@@ -60,7 +60,6 @@ class Win:
     comm: Any
     memory: Any  # this rank's exposed buffer
     disp_unit: int
-    _eng: Any
     _ctrl: np.ndarray
     _region: Any
     _ctrl_region: Any
@@ -91,22 +90,21 @@ class Win:
     @classmethod
     async def _make(cls, comm: Any, buf: Any, disp_unit: int) -> Win:
         rma = comm._world.rma  # ucxcomm.transport.rma, handed over by init()
-        RemoteMemory, engine = rma.RemoteMemory, rma.engine
+        RemoteMemory = rma.RemoteMemory
         if type(disp_unit) is not int or disp_unit < 1:
             raise ValueError(f"disp_unit must be an int >= 1, got {disp_unit!r}")
         self = cls()
         self.comm = comm
         self.memory = buf
         self.disp_unit = disp_unit
-        self._eng = engine()
         self._ctrl = np.zeros(_CTRL_WORDS, np.int64)
-        self._region = self._eng.register(buf)
-        self._ctrl_region = self._eng.register(self._ctrl)
+        self._region = rma.register(buf)
+        self._ctrl_region = rma.register(self._ctrl)
         mine = (self._region.rkey, self._region.address, self._region.nbytes,
                 self._ctrl_region.rkey, self._ctrl_region.address, disp_unit)
         infos = await comm.allgather(mine)
-        self._mem = [RemoteMemory(i[0], i[1], i[2], self._eng) for i in infos]
-        self._ctl = [RemoteMemory(i[3], i[4], _CTRL_WORDS * 8, self._eng) for i in infos]
+        self._mem = [RemoteMemory(i[0], i[1], i[2]) for i in infos]
+        self._ctl = [RemoteMemory(i[3], i[4], _CTRL_WORDS * 8) for i in infos]
         self._units = [i[5] for i in infos]
         self._held = {}  # rank -> exclusive?
         self._closed = False

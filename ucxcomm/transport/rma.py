@@ -6,13 +6,17 @@ process, created on first use), progressed by a background thread. Two reasons:
 * Over TCP and shared memory UCX emulates RMA and atomics with active messages that the
   **target** must process; the thread serves them while the target's Python code is busy
   computing (it sleeps on the worker's event descriptor when there is nothing to do).
-* UCX's default (v2) protocols fail emulated atomics over TCP/shared memory
-  (DESIGN.md §2); ``UCX_PROTO_ENABLE=n`` makes them work. The engine's context gets it
-  only when no RDMA device will carry the atomics in hardware, and never when the user
-  set ``UCX_PROTO_ENABLE``; the tag traffic on the main worker keeps UCX's defaults.
+* Without RDMA, UCX's protocols force a choice (UCX 1.21, measured here): with the
+  default v2 protocols 64 MiB puts run at 3.4-4.7 GB/s but an 8 B fetch-add takes
+  100-300 us; with ``UCX_PROTO_ENABLE=n`` (v1) atomics take ~10 us (shared-memory
+  atomics) but puts drop to 1.5 GB/s. So without RDMA there are two engines: bulk
+  put/get on a v2 context, atomics on a v1 one, both mapping the same memory; with an
+  RDMA device (hardware atomics) or a user-set ``UCX_PROTO_ENABLE``, one engine does all.
+  The tag traffic on the main worker keeps UCX's defaults either way.
 
-A :class:`MemoryRegion`'s ``rkey`` is self-describing (the owner's engine address plus
-UCX's packed key), so ``RemoteMemory(rkey, address, nbytes)`` needs nothing else.
+A :class:`MemoryRegion`'s ``rkey`` is self-describing (per engine: the owner's engine
+address plus UCX's packed key), so ``RemoteMemory(rkey, address, nbytes)`` needs nothing
+else.
 """
 
 from __future__ import annotations
@@ -29,17 +33,20 @@ import numpy as np
 from ..errors import ClosedError, UnsupportedError, WindowError
 from . import _ucx
 
-__all__ = ["MemoryRegion", "RemoteMemory", "RmaEngine", "engine", "shutdown"]
+__all__ = ["MemoryRegion", "RemoteMemory", "RmaEngine", "engine", "engines", "register",
+           "shutdown"]
 
 log = logging.getLogger(__name__)
 
-_engine: RmaEngine | None = None
+_engines: dict[bool, RmaEngine] = {}  # keyed by "uses UCX's v1 protocols"
+_split: bool | None = None  # two engines (bulk on v2, atomics on v1)?
 _SPIN_S = 200e-6
 # How long the engine's thread keeps polling after activity before it sleeps on the
 # worker's event descriptor (UCXCOMM_RMA_SPIN_US).
 DEFAULT_RMA_SPIN_US = 200.0
-_BLOB = struct.Struct("<4sII")  # magic, address length, packed rkey length
-_MAGIC = b"UCR1"
+_BLOB = struct.Struct("<4sB")  # magic, number of sections
+_SECTION = struct.Struct("<BII")  # v1 protocols?, address length, packed rkey length
+_MAGIC = b"UCR2"
 _AMO_TYPES = {np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.int64),
               np.dtype(np.uint64)}
 # dtype -> (cffi type, size, signed); also keyed by the dtype-like objects callers pass
@@ -66,20 +73,53 @@ def _rdma_atomics_available() -> bool:
     return det.verbs and bool(det.active_ports)
 
 
-def engine() -> RmaEngine:
-    """This process's RMA engine (created on first use)."""
-    global _engine
-    if _engine is None or _engine.closed:
-        _engine = RmaEngine()
-    return _engine
+def _decide() -> bool:
+    """Whether bulk transfers and atomics get separate engines (see the module doc)."""
+    global _split
+    if _split is None:
+        if "UCX_PROTO_ENABLE" in os.environ:
+            log.info("RMA: UCX_PROTO_ENABLE=%s set by you: one engine",
+                     os.environ["UCX_PROTO_ENABLE"])
+            _split = False
+        elif _rdma_atomics_available():
+            _split = False
+        else:
+            log.info("RMA: no RDMA device: put/get on UCX's default protocols, atomics on "
+                     "a second context with UCX_PROTO_ENABLE=n (fast shared-memory/TCP "
+                     "atomics)")
+            _split = True
+    return _split
+
+
+def _engine(v1: bool) -> RmaEngine:
+    eng = _engines.get(v1)
+    if eng is None or eng.closed:
+        eng = _engines[v1] = RmaEngine(proto_v1=v1)
+    return eng
+
+
+def engine(atomics: bool = False) -> RmaEngine:
+    """This process's engine for bulk transfers (or for ``atomics``); created on first use."""
+    return _engine(atomics and _decide())
+
+
+def engines() -> list[RmaEngine]:
+    """Every engine a registration must map memory into."""
+    return [engine(False), engine(True)] if _decide() else [engine(False)]
+
+
+def register(buf: Any) -> MemoryRegion:
+    """Register ``buf`` for remote access with every engine (see :class:`MemoryRegion`)."""
+    return MemoryRegion(buf)
 
 
 def shutdown() -> None:
-    """Close this process's RMA engine, if one was created (at finalize)."""
-    global _engine
-    if _engine is not None:
-        _engine.close()
-        _engine = None
+    """Close this process's RMA engines, if any were created (at finalize)."""
+    global _split
+    for eng in list(_engines.values()):
+        eng.close()
+    _engines.clear()
+    _split = None
 
 
 class RmaEngine:
@@ -91,17 +131,9 @@ class RmaEngine:
         UCX could not create the context or worker.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, proto_v1: bool = False) -> None:
         _ucx.load()
         self._ffi, self._lib = _ucx.ffi, _ucx.lib
-        if "UCX_PROTO_ENABLE" in os.environ:
-            proto_v1 = False
-            log.info("RMA: UCX_PROTO_ENABLE=%s set by you", os.environ["UCX_PROTO_ENABLE"])
-        else:
-            proto_v1 = not _rdma_atomics_available()
-            if proto_v1:
-                log.info("RMA: no RDMA device: UCX_PROTO_ENABLE=n on the RMA context "
-                         "(emulated atomics over TCP/shared memory need UCX's v1 protocols)")
         self.proto_v1 = proto_v1
         out = self._ffi.new("void *[1]")
         err = self._ffi.new("char[128]")
@@ -141,10 +173,9 @@ class RmaEngine:
             raise ClosedError("the RMA engine is closed")
 
     def register(self, buf: Any) -> MemoryRegion:
-        """Register ``buf`` (writable host buffer, or GPU memory where UCX has CUDA) for
-        remote access; keep the region (and ``buf``) alive while peers use it."""
+        """Register ``buf`` (see :func:`register`: every engine maps it)."""
         self._check()
-        return MemoryRegion(self, buf)
+        return MemoryRegion(buf)
 
     # ------------------------------------------------------------ requests
     def post(self, st: int) -> Any:
@@ -202,8 +233,9 @@ class MemoryRegion:
         Everything a peer needs to reach it: the owner's RMA address and UCX's key.
     """
 
-    def __init__(self, eng: RmaEngine, buf: Any) -> None:
-        ffi, lib = eng._ffi, eng._lib
+    def __init__(self, buf: Any) -> None:
+        engs = engines()
+        ffi = engs[0]._ffi
         iface = getattr(buf, "__cuda_array_interface__", None)
         if iface is not None:
             ptr = ffi.cast("void *", iface["data"][0])
@@ -219,34 +251,46 @@ class MemoryRegion:
 
                 cbuf = ffi.from_buffer(as_recv_buffer(buf).obj, require_writable=True)
             ptr, nbytes, self._keep = cbuf, len(cbuf), (cbuf, buf)
-        self._eng = eng
         self.nbytes = nbytes
         self.address = int(ffi.cast("uintptr_t", ptr))
-        memh = ffi.new("void *[1]")
-        st = lib.ucxcomm_rma_mem_map(eng._eng, ptr, max(nbytes, 1), memh)
-        if st != 0:
-            raise _ucx.status_error(st, what="memory registration")
-        self._memh = memh[0]
-        kbuf = ffi.new("char[8192]")
-        n = ffi.new("size_t[1]")
-        st = lib.ucxcomm_rma_rkey_pack(eng._eng, self._memh, kbuf, 8192, n)
-        if st != 0:
-            lib.ucxcomm_rma_mem_unmap(eng._eng, self._memh)
-            raise _ucx.status_error(st, what="rkey pack")
-        packed = bytes(ffi.buffer(kbuf, n[0]))
-        self.rkey = _BLOB.pack(_MAGIC, len(eng.address), len(packed)) + eng.address + packed
+        self._maps: list[tuple[RmaEngine, Any]] = []
+        sections = []
+        try:
+            for eng in engs:
+                lib = eng._lib
+                memh = ffi.new("void *[1]")
+                st = lib.ucxcomm_rma_mem_map(eng._eng, ptr, max(nbytes, 1), memh)
+                if st != 0:
+                    raise _ucx.status_error(st, what="memory registration")
+                self._maps.append((eng, memh[0]))
+                kbuf = ffi.new("char[8192]")
+                n = ffi.new("size_t[1]")
+                st = lib.ucxcomm_rma_rkey_pack(eng._eng, memh[0], kbuf, 8192, n)
+                if st != 0:
+                    raise _ucx.status_error(st, what="rkey pack")
+                packed = bytes(ffi.buffer(kbuf, n[0]))
+                sections.append(_SECTION.pack(int(eng.proto_v1), len(eng.address),
+                                              len(packed)) + eng.address + packed)
+        except BaseException:
+            self.released = False
+            self.release()
+            raise
+        self.rkey = _BLOB.pack(_MAGIC, len(sections)) + b"".join(sections)
         self.released = False
-        eng._regions.append(self)
+        for eng, _ in self._maps:
+            eng._regions.append(self)
 
     def release(self) -> None:
         """Unregister (peers' remote keys to it become invalid). Idempotent."""
         if self.released:
             return
         self.released = True
-        eng = self._eng
-        if self in eng._regions:  # (engine still open: close() releases regions first)
-            eng._lib.ucxcomm_rma_mem_unmap(eng._eng, self._memh)
-            eng._regions.remove(self)
+        for eng, memh in self._maps:
+            if not eng.closed or self in eng._regions:  # close() releases regions first
+                eng._lib.ucxcomm_rma_mem_unmap(eng._eng, memh)
+            if self in eng._regions:
+                eng._regions.remove(self)
+        self._maps = []
 
 
 _OPS = {"add": "UCXCOMM_AMO_ADD", "swap": "UCXCOMM_AMO_SWAP", "cswap": "UCXCOMM_AMO_CSWAP",
@@ -262,29 +306,40 @@ class RemoteMemory:
     operation issued to this peer is complete at the target.
     """
 
-    def __init__(self, rkey: bytes, address: int, nbytes: int,
-                 eng: RmaEngine | None = None) -> None:
-        eng = eng or engine()
+    def __init__(self, rkey: bytes, address: int, nbytes: int) -> None:
         rkey = bytes(rkey)
         if len(rkey) < _BLOB.size or rkey[:4] != _MAGIC:
             raise ValueError("not a ucxcomm remote key (from MemoryRegion.rkey)")
-        _, alen, klen = _BLOB.unpack_from(rkey)
-        if len(rkey) != _BLOB.size + alen + klen:
-            raise ValueError("truncated remote key")
-        peer = rkey[_BLOB.size:_BLOB.size + alen]
-        packed = rkey[_BLOB.size + alen:]
-        self._eng = eng
-        self._ep = eng.endpoint(peer)
-        out = eng._ffi.new("void *[1]")
-        st = eng._lib.ucxcomm_rma_rkey_unpack(self._ep, packed, out)
-        if st != 0:
-            raise _ucx.status_error(st, what="rkey unpack")
-        self._rkey = out[0]
+        _, count = _BLOB.unpack_from(rkey)
+        pos, found = _BLOB.size, {}
+        for _ in range(count):
+            if pos + _SECTION.size > len(rkey):
+                raise ValueError("truncated remote key")
+            v1, alen, klen = _SECTION.unpack_from(rkey, pos)
+            pos += _SECTION.size
+            found[bool(v1)] = (rkey[pos:pos + alen], rkey[pos + alen:pos + alen + klen])
+            pos += alen + klen
+        if pos != len(rkey) or not found:
+            raise ValueError("malformed remote key")
+        self._targets: list[tuple[RmaEngine, int, Any]] = []
+        by_kind = {}
+        for v1, (peer, packed) in found.items():
+            eng = _engine(v1)
+            ep = eng.endpoint(peer)
+            out = eng._ffi.new("void *[1]")
+            st = eng._lib.ucxcomm_rma_rkey_unpack(ep, packed, out)
+            if st != 0:
+                raise _ucx.status_error(st, what="rkey unpack")
+            by_kind[v1] = (eng, ep, out[0])
+            self._targets.append(by_kind[v1])
+        # bulk transfers on the v2 engine, atomics on the v1 one (when the owner has both)
+        self._eng, self._ep, self._rkey = by_kind.get(False) or by_kind[True]
+        self._aeng, self._aep, self._arkey = by_kind.get(True) or by_kind[False]
         self.address, self.nbytes = int(address), int(nbytes)
         self._released = False
 
     def _check(self, offset: int, n: int, what: str) -> int:
-        if self._released or self._eng.closed:
+        if self._released or self._eng.closed or self._aeng.closed:
             raise ClosedError("this remote memory was released")
         if type(offset) is not int:
             offset = int(offset)
@@ -325,9 +380,9 @@ class RemoteMemory:
 
     async def flush(self) -> None:
         """Complete, at the target, every operation issued to this peer."""
-        eng = self._eng
-        st = eng._lib.ucxcomm_rma_flush(self._ep, eng._req_out)
-        await eng.wait(eng.post(st))
+        for eng, ep, _ in self._targets:
+            st = eng._lib.ucxcomm_rma_flush(ep, eng._req_out)
+            await eng.wait(eng.post(st))
 
     async def atomic(self, op: str, value: Any, offset: int, dtype: Any = np.uint64,
                      fetch: bool = True, compare: Any = None) -> Any:
@@ -340,13 +395,13 @@ class RemoteMemory:
                 raise TypeError(f"remote atomics work on 32/64-bit integers, not {dt}")
             ctype = _CTYPES[dtype] = _CTYPES[dt]
         cname, size, signed = ctype
-        opcode = self._eng._amo.get(op)
+        eng = self._aeng
+        opcode = eng._amo.get(op)
         if opcode is None:
             raise ValueError(f"unknown atomic op {op!r}")
         if offset % size:
             raise WindowError(f"atomic at offset {offset} is not {size}-byte aligned")
         raddr = self._check(offset, size, f"atomic {op}")
-        eng = self._eng
         ffi = eng._ffi
         val = ffi.new(cname, _wrap(value, size, signed))  # wraps like the hardware does
         reply = ffi.NULL
@@ -354,8 +409,8 @@ class RemoteMemory:
             val, reply = ffi.new(cname, _wrap(compare, size, signed)), val  # brings the new
         elif fetch:                                                        # value in
             reply = ffi.new(cname)
-        st = eng._lib.ucxcomm_rma_atomic(self._ep, opcode, val, reply, size, raddr,
-                                         self._rkey, eng._req_out)
+        st = eng._lib.ucxcomm_rma_atomic(self._aep, opcode, val, reply, size, raddr,
+                                         self._arkey, eng._req_out)
         if st:
             await eng.wait(eng.post(st))
         return None if reply == ffi.NULL else reply[0]
@@ -377,5 +432,6 @@ class RemoteMemory:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            if not self._eng.closed:
-                self._eng._lib.ucxcomm_rma_rkey_destroy(self._rkey)
+            for eng, _, rkey in self._targets:
+                if not eng.closed:
+                    eng._lib.ucxcomm_rma_rkey_destroy(rkey)

@@ -198,9 +198,9 @@ class Worker:
         ``address`` a peer passes to ``ep.remote_memory``. One-sided operations run on
         this process's RMA engine (see :mod:`ucxcomm.transport.rma`)."""
         self._check_open()
-        from .rma import engine
+        from .rma import register
 
-        return engine().register(buf)
+        return register(buf)
 
     # ------------------------------------------------------------ endpoints
     def listen(self, port: int, callback: Callable[[int], None]) -> Any:
