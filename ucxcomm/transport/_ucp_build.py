@@ -105,6 +105,7 @@ static const int UCS_ERR_UNREACHABLE;
 static const int UCS_ERR_NOT_CONNECTED;
 static const int UCS_ERR_REJECTED;
 static const int UCS_ERR_IO_ERROR;
+static const int UCS_ERR_SHMEM_SEGMENT;
 static const int UCS_ERR_TIMED_OUT;
 """
 

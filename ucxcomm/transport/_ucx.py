@@ -120,7 +120,8 @@ def status_error(status: int, peer: Any = None, what: str = "operation") -> UcxC
         return ClosedError(f"{what} canceled ({text})")
     if status in (c.UCS_ERR_CONNECTION_RESET, c.UCS_ERR_ENDPOINT_TIMEOUT,
                   c.UCS_ERR_UNREACHABLE, c.UCS_ERR_NOT_CONNECTED, c.UCS_ERR_REJECTED,
-                  c.UCS_ERR_IO_ERROR, c.UCS_ERR_TIMED_OUT):
+                  c.UCS_ERR_IO_ERROR, c.UCS_ERR_TIMED_OUT, c.UCS_ERR_SHMEM_SEGMENT):
+        # (a shared-memory segment error: the peer that owned it is gone)
         return PeerFailure(f"{what}: peer {peer} failed ({text})", peer=peer)
     return UcxCommError(f"{what} failed: {text} (ucs_status_t {status})")
 

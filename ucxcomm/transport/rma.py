@@ -22,6 +22,7 @@ else.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import struct
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 _engines: dict[bool, RmaEngine] = {}  # keyed by "uses UCX's v1 protocols"
 _split: bool | None = None  # two engines (bulk on v2, atomics on v1)?
+_atexit_registered = False
 _SPIN_S = 200e-6
 # How long the engine's thread keeps polling after activity before it sleeps on the
 # worker's event descriptor (UCXCOMM_RMA_SPIN_US).
@@ -94,6 +96,11 @@ def _decide() -> bool:
 def _engine(v1: bool) -> RmaEngine:
     eng = _engines.get(v1)
     if eng is None or eng.closed:
+        global _atexit_registered
+        if not _atexit_registered:
+            # Stop the progress threads before interpreter (and UCX library) teardown.
+            atexit.register(shutdown)
+            _atexit_registered = True
         eng = _engines[v1] = RmaEngine(proto_v1=v1)
     return eng
 
