@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _coll import OPS, REPS, SIZES, counts, emit, iters  # noqa: E402
+from _driver import record, run_bench  # noqa: E402
 
 
 def make_call(comm, op, send, recv):
@@ -83,23 +82,6 @@ async def rank_main(ops: list[str], gpu: bool) -> None:
 
 
 # --------------------------------------------------------------------------- driver
-def _run(cmd: list[str], env: dict, timeout: float = 1800) -> list[dict]:
-    print(f"$ {' '.join(cmd)}", file=sys.stderr, flush=True)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        print("  timed out", file=sys.stderr)
-        return []
-    if proc.returncode != 0:
-        print(f"  failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
-    elif "unsupported" in proc.stderr:
-        print("\n".join("  " + ln for ln in proc.stderr.splitlines() if "unsupported" in ln),
-              file=sys.stderr)
-    return [json.loads(line[6:]) for line in proc.stdout.splitlines()
-            if line.startswith("BENCH ")]
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -159,27 +141,22 @@ def driver(args: argparse.Namespace) -> int:
         rank_cmd = [py, str(HERE / "collectives.py"), "--rank", "--ops", ",".join(ops)]
         if args.gpu:
             rank_cmd.append("--gpu")
-        results += _run([py, "-m", "ucxcomm.cli", "run", "-n", str(p), "--timeout", "1800",
+        results += run_bench([py, "-m", "ucxcomm.cli", "run", "-n", str(p), "--timeout", "1800",
                          *rank_cmd], env)
         if args.gpu:
-            results += _run([py, "-m", "ucxcomm.cli", "run", "-n", str(p), "--timeout",
+            results += run_bench([py, "-m", "ucxcomm.cli", "run", "-n", str(p), "--timeout",
                              "1800", py, str(HERE / "baselines" / "nccl_coll.py"),
                              ",".join(ops)], dict(env, NCCL_PORT=str(_free_port())))
         else:
             if mpiexec:
-                results += _run([mpiexec, "-n", str(p), py,
+                results += run_bench([mpiexec, "-n", str(p), py,
                                  str(HERE / "baselines" / "mpi_coll.py"), ",".join(ops)], env)
             if have_torch:
-                results += _run([py, "-m", "ucxcomm.cli", "run", "-n", str(p), "--timeout",
+                results += run_bench([py, "-m", "ucxcomm.cli", "run", "-n", str(p), "--timeout",
                                  "1800", py, str(HERE / "baselines" / "gloo_coll.py"),
                                  ",".join(ops)],
                                 dict(env, GLOO_INIT=f"tcp://127.0.0.1:{_free_port()}"))
-    for r in results:
-        r["transport"] = "tcp" if args.tcp else "default"
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
+    record(results, "tcp" if args.tcp else "default", args.out)
     for p in args.n:
         _table(results, p)
     return 0

@@ -2,7 +2,7 @@
 
 Driver (no launcher around it)::
 
-    python benchmarks/p2p.py [--tcp] [--out results.jsonl] [--quick]
+    python benchmarks/p2p.py [--tcp] [--out results.jsonl]
 
 runs, one after another on this machine:
 
@@ -26,16 +26,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from _driver import perftest, print_ratios, record, run_bench  # noqa: E402
+
 from _osu import BW_SIZES, LAT_SIZES, bw_reps, emit, lat_iters, window  # noqa: E402
 
 
@@ -222,54 +222,17 @@ async def rank_main() -> None:
 
 
 # --------------------------------------------------------------------------- driver
-def _run(cmd: list[str], env: dict, timeout: float = 900) -> list[dict]:
-    print(f"$ {' '.join(cmd)}", file=sys.stderr, flush=True)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        print("  timed out", file=sys.stderr)
-        return []
-    if proc.returncode != 0:
-        print(f"  failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
-    return [json.loads(line[6:]) for line in proc.stdout.splitlines()
-            if line.startswith("BENCH ")]
-
-
 def _perftest(test: str, size: int, iters: int, env: dict) -> dict | None:
-    import libucx
-
-    exe = Path(libucx.__file__).parent / "bin" / "ucx_perftest"
-    if not exe.exists():
+    got = perftest(test, size, iters, env)
+    if got is None:
         return None
-    env = dict(env, LD_LIBRARY_PATH=str(exe.parent.parent / "lib"))
-    port = 20000 + os.getpid() % 20000
-    server = subprocess.Popen([str(exe), "-p", str(port)], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    try:
-        for _attempt in range(50):  # the server needs a moment to listen
-            proc = subprocess.run([str(exe), "127.0.0.1", "-p", str(port), "-t", test, "-s",
-                                   str(size), "-n", str(iters)], capture_output=True, text=True,
-                                  env=env, timeout=300)
-            if proc.returncode == 0:
-                break
-            time.sleep(0.1)
-        else:
-            return None
-    finally:
-        server.kill()
-        server.wait()
-    final = [ln for ln in proc.stdout.splitlines() if ln.startswith("Final:")]
-    if not final:
-        return None
-    cols = final[0].split()
-    lat50, lat_avg, bw_avg = float(cols[2]), float(cols[3]), float(cols[5])
+    lat50, lat_avg, bw = got
     if test.endswith("lat"):
         return {"impl": "ucx_perftest", "op": "latency_us", "size": size, "nranks": 2,
                 "median": lat50, "min": lat50, "max": lat_avg, "average": lat_avg,
                 "test": test}
     return {"impl": "ucx_perftest", "op": "bandwidth_GBps", "size": size, "nranks": 2,
-            "median": bw_avg * (1 << 20) / 1e9, "min": 0, "max": 0, "test": test}
+            "median": bw, "min": 0, "max": 0, "test": test}
 
 
 def _table(results: list[dict]) -> None:
@@ -332,7 +295,7 @@ def driver(args: argparse.Namespace) -> int:
         env.pop(var)
     py = sys.executable
     results: list[dict] = []
-    results += _run([py, "-m", "ucxcomm.cli", "run", "-n", "2", "--timeout", "900", py,
+    results += run_bench([py, "-m", "ucxcomm.cli", "run", "-n", "2", "--timeout", "900", py,
                      str(HERE / "p2p.py"), "--rank"], env)
     mpiexec = shutil.which("mpiexec", path=str(Path(py).parent)) or shutil.which("mpiexec")
     try:
@@ -342,26 +305,17 @@ def driver(args: argparse.Namespace) -> int:
     except ImportError:
         have_mpi = False
     if have_mpi:
-        results += _run([mpiexec, "-n", "2", py, str(HERE / "baselines" / "mpi_p2p.py")], env)
+        results += run_bench([mpiexec, "-n", "2", py, str(HERE / "baselines" / "mpi_p2p.py")], env)
     else:
         print("mpi4py/mpiexec not installed: pip install 'ucxcomm[bench]'", file=sys.stderr)
     for test, size, iters in (("tag_lat", 8, 20000), ("tag_bw", 64 << 20, 20)):
         rec = _perftest(test, size, iters, env)
         if rec:
             results.append(rec)
-    results += _run([py, str(HERE / "baselines" / "asyncio_streams.py")], env)
-    for r in results:
-        r["transport"] = "tcp" if args.tcp else "default"
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
-    for r in results:
-        print(json.dumps(r))
+    results += run_bench([py, str(HERE / "baselines" / "asyncio_streams.py")], env)
+    record(results, "tcp" if args.tcp else "default", args.out)
     _table(results)
-    print("\nratios (median / median):")
-    for k, v in _ratios(results).items():
-        print(f"  {k:45s} {v}")
+    print_ratios(_ratios(results))
     return 0
 
 

@@ -26,12 +26,14 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _driver import perftest, print_ratios, record, run_bench  # noqa: E402
+
 BIG = 64 << 20
 
 
@@ -110,51 +112,13 @@ async def rank_main() -> None:
     await comm.close()
 
 
-def _run(cmd: list[str], env: dict, timeout: float = 900) -> list[dict]:
-    print(f"$ {' '.join(cmd)}", file=sys.stderr, flush=True)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        print("  timed out", file=sys.stderr)
-        return []
-    if proc.returncode != 0:
-        print(f"  failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
-    return [json.loads(line[6:]) for line in proc.stdout.splitlines()
-            if line.startswith("BENCH ")]
-
-
 def _perftest(test: str, size: int, iters: int, env: dict) -> dict | None:
-    import libucx
-
-    exe = Path(libucx.__file__).parent / "bin" / "ucx_perftest"
-    if not exe.exists():
+    got = perftest(test, size, iters, env)
+    if got is None:
         return None
-    env = dict(env, LD_LIBRARY_PATH=str(exe.parent.parent / "lib"))
-    port = 20000 + (os.getpid() + hash(test)) % 20000
-    server = subprocess.Popen([str(exe), "-p", str(port)], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    try:
-        for _attempt in range(50):  # the server needs a moment to listen
-            proc = subprocess.run([str(exe), "127.0.0.1", "-p", str(port), "-t", test, "-s",
-                                   str(size), "-n", str(iters)], capture_output=True,
-                                  text=True, env=env, timeout=300)
-            if proc.returncode == 0:
-                break
-            time.sleep(0.1)
-        else:
-            return None
-    finally:
-        server.kill()
-        server.wait()
-    final = [ln for ln in proc.stdout.splitlines() if ln.startswith("Final:")]
-    if not final:
-        return None
-    cols = final[0].split()
-    lat50, bw = float(cols[2]), float(cols[5]) * (1 << 20) / 1e9
     op = "GBps" if test in ("ucp_put_bw", "ucp_get") else "us"
     return {"impl": "ucx_perftest", "op": f"{test}_{op}", "size": size,
-            "median": bw if op == "GBps" else lat50, "min": 0, "max": 0}
+            "median": got[2] if op == "GBps" else got[0], "min": 0, "max": 0}
 
 
 def _ratios(results: list[dict]) -> dict[str, float]:
@@ -196,7 +160,7 @@ def driver(args: argparse.Namespace) -> int:
                                                 "PMI_", "SLURM_PROCID"))]:
         env.pop(var)
     py = sys.executable
-    results = _run([py, "-m", "ucxcomm.cli", "run", "-n", "2", "--timeout", "900", py,
+    results = run_bench([py, "-m", "ucxcomm.cli", "run", "-n", "2", "--timeout", "900", py,
                     str(HERE / "rma.py"), "--rank"], env)
     mpiexec = shutil.which("mpiexec", path=str(Path(py).parent)) or shutil.which("mpiexec")
     try:
@@ -204,7 +168,7 @@ def driver(args: argparse.Namespace) -> int:
     except ImportError:
         mpiexec = None
     if mpiexec:
-        results += _run([mpiexec, "-n", "2", py, str(HERE / "baselines" / "mpi_rma.py")], env)
+        results += run_bench([mpiexec, "-n", "2", py, str(HERE / "baselines" / "mpi_rma.py")], env)
     else:
         print("mpi4py/mpiexec not installed: pip install 'ucxcomm[bench]'", file=sys.stderr)
     # The same split as ucxcomm's RMA engines without RDMA: atomics on UCX's v1
@@ -217,17 +181,8 @@ def driver(args: argparse.Namespace) -> int:
         rec = _perftest(test, size, iters, aenv if test == "ucp_fadd" else env)
         if rec:
             results.append(rec)
-    for r in results:
-        r["transport"] = "tcp" if args.tcp else "default"
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
-    for r in results:
-        print(json.dumps(r))
-    print("\nratios (median / median):")
-    for k, v in _ratios(results).items():
-        print(f"  {k:42s} {v}")
+    record(results, "tcp" if args.tcp else "default", args.out)
+    print_ratios(_ratios(results))
     return 0
 
 

@@ -188,15 +188,26 @@ class Win:
             return
         await self._locked_update(r, off, src, res, op)
 
-    async def _locked_update(self, r: int, off: int, src: np.ndarray, res: Any,
-                             op: Op) -> None:
-        """get-op-put under rank ``r``'s accumulate lock (atomic w.r.t. the others)."""
+    @contextlib.asynccontextmanager
+    async def _acc_lock(self, r: int) -> AsyncIterator[Any]:
+        """Hold rank ``r``'s accumulate lock (a remote CAS spin lock); yields its memory.
+        Updates made inside are flushed before the lock is released."""
         ctl, mem = self._ctl[r], self._mem[r]
         attempt = 0
         while await ctl.compare_swap(0, 1, 8, np.int64) != 0:
             await _backoff(attempt)
             attempt += 1
         try:
+            yield mem
+            await mem.flush()
+        finally:
+            await ctl.swap(0, 8, np.int64)
+            await ctl.flush()
+
+    async def _locked_update(self, r: int, off: int, src: np.ndarray, res: Any,
+                             op: Op) -> None:
+        """get-op-put under rank ``r``'s accumulate lock (atomic w.r.t. the others)."""
+        async with self._acc_lock(r) as mem:
             cur = np.empty_like(src)
             await mem.get(cur, off)
             if res is not None:
@@ -209,10 +220,6 @@ class Win:
                 new = getattr(np, op.ufunc)(cur, src)  # type: ignore[arg-type]
                 new = np.asarray(new, dtype=src.dtype)
             await mem.put(new, off)
-            await mem.flush()
-        finally:
-            await ctl.swap(0, 8, np.int64)
-            await ctl.flush()
 
     async def Fetch_and_op(self, value: Any, target_rank: int, target_disp: int = 0,
                            op: Op = SUM, dtype: Any = np.int64) -> Any:
@@ -239,19 +246,10 @@ class Win:
             return await self._mem[r].compare_swap(compare, value, off, dt)
         src = np.array([value], dtype=dt)
         res = np.empty(1, dtype=dt)
-        ctl, mem = self._ctl[r], self._mem[r]
-        attempt = 0
-        while await ctl.compare_swap(0, 1, 8, np.int64) != 0:
-            await _backoff(attempt)
-            attempt += 1
-        try:
+        async with self._acc_lock(r) as mem:
             await mem.get(res, off)
             if res[0] == np.array(compare, dtype=dt):
                 await mem.put(src, off)
-                await mem.flush()
-        finally:
-            await ctl.swap(0, 8, np.int64)
-            await ctl.flush()
         return res[0].item()
 
     # ------------------------------------------------------------ synchronization
