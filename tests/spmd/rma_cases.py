@@ -135,6 +135,13 @@ async def accumulate(comm):
     await win.Fence()
     seen = await comm.allgather(res[0])
     assert sorted(seen) == [float(i) for i in range(p)], seen
+    # integer Get_accumulate (remote atomics, all elements in flight): distinct olds
+    olds = np.zeros(4, np.int64)
+    await win.Get_accumulate(np.full(4, 1, np.int64), olds, 0, 40)
+    await win.Fence()
+    seen = await comm.allgather(olds.tolist())
+    for i in range(4):
+        assert sorted(s[i] for s in seen) == list(range(p)), seen
     try:
         await win.Accumulate(np.ones(2, np.float32), 0, 0, op=ucxcomm.BAND)
     except TypeError:

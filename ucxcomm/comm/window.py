@@ -175,16 +175,12 @@ class Win:
 
             _ufunc(op, src)  # op/dtype check before any I/O
         off = self._offset(r, target_disp, src.nbytes, what)
-        if _native(op, dt):
-            mem, isz = self._mem[r], dt.itemsize
-            for i in range(src.size):
-                if op is NO_OP:
-                    old = await mem.atomic("add", 0, off + i * isz, dt)
-                else:
-                    old = await mem.atomic(_NATIVE[op], src[i].item(), off + i * isz, dt,
-                                           fetch=res is not None)
-                if res is not None:
-                    res[i] = old
+        if _native(op, dt):  # one remote atomic per element, all in flight together
+            values = [0] * src.size if op is NO_OP else src.tolist()
+            olds = await self._mem[r].atomic_many(_FOP[op], values, off, dt,
+                                                  fetch=res is not None)
+            if res is not None:
+                res[...] = olds
             return
         await self._locked_update(r, off, src, res, op)
 

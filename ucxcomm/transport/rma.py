@@ -391,24 +391,57 @@ class RemoteMemory:
             st = eng._lib.ucxcomm_rma_flush(ep, eng._req_out)
             await eng.wait(eng.post(st))
 
-    async def atomic(self, op: str, value: Any, offset: int, dtype: Any = np.uint64,
-                     fetch: bool = True, compare: Any = None) -> Any:
-        """Remote atomic ``op`` (add, swap, cswap, and, or, xor) on a 32- or 64-bit
-        integer at ``offset``; returns the previous value when ``fetch``."""
+    def _amo_args(self, op: str, offset: int, dtype: Any, count: int
+                  ) -> tuple[tuple[str, int, bool], int, int]:
+        """Checked ``(ctype, opcode, remote address)`` for ``count`` elements at ``offset``."""
         ctype = _CTYPES.get(dtype)
         if ctype is None:
             dt = np.dtype(dtype)
             if dt not in _AMO_TYPES:
                 raise TypeError(f"remote atomics work on 32/64-bit integers, not {dt}")
             ctype = _CTYPES[dtype] = _CTYPES[dt]
-        cname, size, signed = ctype
-        eng = self._aeng
-        opcode = eng._amo.get(op)
+        size = ctype[1]
+        opcode = self._aeng._amo.get(op)
         if opcode is None:
             raise ValueError(f"unknown atomic op {op!r}")
         if offset % size:
             raise WindowError(f"atomic at offset {offset} is not {size}-byte aligned")
-        raddr = self._check(offset, size, f"atomic {op}")
+        return ctype, opcode, self._check(offset, size * count, f"atomic {op}")
+
+    async def atomic_many(self, op: str, values: Any, offset: int, dtype: Any = np.uint64,
+                          fetch: bool = False) -> list[int] | None:
+        """``op`` (add, swap, and, or, xor) of ``values[i]`` on the consecutive integers
+        from ``offset``: one remote atomic per element, all in flight together (each is
+        atomic; the batch is not). Returns the previous values when ``fetch``."""
+        if op == "cswap":
+            raise ValueError("atomic_many does not do compare-and-swap")
+        vals = list(values)
+        (cname, size, signed), opcode, raddr = self._amo_args(op, offset, dtype, len(vals))
+        if not vals:
+            return [] if fetch else None
+        eng = self._aeng
+        ffi, lib = eng._ffi, eng._lib
+        arr = ffi.new(cname[:-1] + "[]", [_wrap(v, size, signed) for v in vals])
+        reply = ffi.new(cname[:-1] + "[]", len(vals)) if fetch else ffi.NULL
+        reqs = []
+        try:
+            for i in range(len(vals)):
+                st = lib.ucxcomm_rma_atomic(self._aep, opcode, arr + i,
+                                            reply + i if fetch else ffi.NULL, size,
+                                            raddr + i * size, self._arkey, eng._req_out)
+                if st:
+                    reqs.append(eng.post(st))
+        finally:
+            for req in reqs:  # (buffers stay alive until every request is done)
+                await eng.wait(req)
+        return list(reply) if fetch else None
+
+    async def atomic(self, op: str, value: Any, offset: int, dtype: Any = np.uint64,
+                     fetch: bool = True, compare: Any = None) -> Any:
+        """Remote atomic ``op`` (add, swap, cswap, and, or, xor) on a 32- or 64-bit
+        integer at ``offset``; returns the previous value when ``fetch``."""
+        (cname, size, signed), opcode, raddr = self._amo_args(op, offset, dtype, 1)
+        eng = self._aeng
         ffi = eng._ffi
         val = ffi.new(cname, _wrap(value, size, signed))  # wraps like the hardware does
         reply = ffi.NULL
