@@ -109,6 +109,14 @@ def _displs(displs: Any, counts: list[int], n: int, what: str) -> list[int]:
     return out
 
 
+def _equal_blocks(n: int, p: int, what: str) -> tuple[list[int], list[int]]:
+    """Counts and displacements of ``n`` elements cut into ``p`` equal blocks."""
+    if n % p:
+        raise ValueError(f"{what}: {n} elements do not split into {p} equal blocks")
+    count = n // p
+    return [count] * p, [i * count for i in range(p)]
+
+
 class Collectives:
     """Collectives of :class:`~ucxcomm.Comm` (see the module docstring)."""
 
@@ -308,23 +316,13 @@ class Collectives:
                 if recvspec is None:
                     raise ValueError(f"{name}: the root needs a receive buffer")
                 recv = self._buf(recvspec, True, f"{name} receive buffer")
-                if sendbuf is IN_PLACE:
-                    if recv.n % p:
-                        raise ValueError(f"{name}: {recv.n} receive elements do not "
-                                         f"split into {p} blocks")
-                    count = recv.n // p
-                else:
-                    count = typed_flat(sendbuf, writable=False, what=name).size
-                counts, displs = [count] * p, [i * count for i in range(p)]
+                counts, displs = _equal_blocks(recv.n, p, f"{name} receive buffer")
             if sendbuf is not IN_PLACE:
                 send = self._buf(sendbuf, False, f"{name} send buffer")
                 self._same(send, recv, name)
                 if send.n != counts[r]:
                     raise ValueError(f"{name}: the send buffer has {send.n} elements, the "
                                      f"root's block {counts[r]}")
-                if not v and recv.n != p * send.n:
-                    raise ValueError(f"{name}: the receive buffer has {recv.n} elements, "
-                                     f"{p} x {send.n} expected")
         ch = self._chan(send, recv)
         return self._run(ch, alg.gatherv(ch, send, recv, counts, displs, root))
 
@@ -362,11 +360,7 @@ class Collectives:
                 if sendspec is None:
                     raise ValueError(f"{name}: the root needs a send buffer")
                 send = self._buf(sendspec, False, f"{name} send buffer")
-                if send.n % p:
-                    raise ValueError(f"{name}: {send.n} send elements do not split into "
-                                     f"{p} blocks")
-                count = send.n // p
-                counts, displs = [count] * p, [i * count for i in range(p)]
+                counts, displs = _equal_blocks(send.n, p, f"{name} send buffer")
             if recvbuf is not IN_PLACE:
                 recv = self._buf(recvbuf, True, f"{name} receive buffer")
                 self._same(send, recv, name)
@@ -398,11 +392,7 @@ class Collectives:
             recv, counts, displs = self._spec(recvspec, True, f"{name} receive")
         else:
             recv = self._buf(recvspec, True, f"{name} receive buffer")
-            if recv.n % p:
-                raise ValueError(f"{name}: {recv.n} receive elements do not split into "
-                                 f"{p} blocks")
-            count = recv.n // p
-            counts, displs = [count] * p, [i * count for i in range(p)]
+            counts, displs = _equal_blocks(recv.n, p, f"{name} receive buffer")
         send: Buf | None = None
         if sendbuf is not IN_PLACE:
             send = self._buf(sendbuf, False, f"{name} send buffer")
@@ -442,11 +432,7 @@ class Collectives:
             recv, rcounts, rdispls = self._spec(recvspec, True, f"{name} receive")
         else:
             recv = self._buf(recvspec, True, f"{name} receive buffer")
-            if recv.n % p:
-                raise ValueError(f"{name}: {recv.n} receive elements do not split into "
-                                 f"{p} blocks")
-            rcounts = [recv.n // p] * p
-            rdispls = [i * rcounts[0] for i in range(p)]
+            rcounts, rdispls = _equal_blocks(recv.n, p, f"{name} receive buffer")
         in_place = sendspec is IN_PLACE
         if in_place:
             send, scounts, sdispls = recv, rcounts, rdispls
@@ -498,20 +484,16 @@ class Collectives:
         send = recv if in_place else self._buf(sendbuf, False, f"{name} send buffer")
         self._same(send, recv, name)
         if recvcounts is None:
-            if send.n % p:
-                raise ValueError(f"{name}: {send.n} elements do not split into {p} blocks")
-            counts = [send.n // p] * p
+            counts, displs = _equal_blocks(send.n, p, f"{name} input")
         else:
             counts = _counts(recvcounts, p, name)
             if sum(counts) != send.n:
                 raise ValueError(f"{name}: the counts add up to {sum(counts)}, the "
                                  f"input has {send.n} elements")
+            displs = _displs(None, counts, send.n, name)
         if not in_place and recv.n < counts[r]:
             raise ValueError(f"{name}: the receive buffer has {recv.n} elements, "
                              f"{counts[r]} needed")
-        _, displs = alg.blocks(0, p)
-        for i in range(1, p):
-            displs[i] = displs[i - 1] + counts[i - 1]
         ufunc = _ufunc(op, send.arr)
         ch = self._chan(send)
 

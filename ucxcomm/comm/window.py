@@ -29,6 +29,7 @@ import numpy as np
 
 from .._buffers import typed_flat
 from ..errors import ClosedError, WindowError
+from .collectives import _ufunc
 from .ops import BAND, BOR, BXOR, NO_OP, REPLACE, SUM, Op
 
 __all__ = ["Win"]
@@ -171,8 +172,6 @@ class Win:
             if res.dtype != dt or res.size != src.size:
                 raise ValueError(f"{what}: result must match origin ({src.size} x {dt})")
         if op.ufunc is not None:
-            from .collectives import _ufunc
-
             _ufunc(op, src)  # op/dtype check before any I/O
         off = self._offset(r, target_disp, src.nbytes, what)
         if _native(op, dt):  # one remote atomic per element, all in flight together

@@ -59,6 +59,20 @@ for _t, _c in ((np.int32, "int32_t *"), (np.uint32, "uint32_t *"), (np.int64, "i
                                            np.dtype(_t).kind == "i")
 
 
+def _host_view(ffi: Any, buf: Any, writable: bool, what: str) -> Any:
+    """A cffi view of a contiguous host buffer (validated; GPU memory is refused)."""
+    try:
+        return ffi.from_buffer(buf, require_writable=writable)
+    except (TypeError, ValueError, BufferError):
+        from .._buffers import as_recv_buffer, as_send_buffer
+
+        spec = (as_recv_buffer if writable else as_send_buffer)(buf)  # clear errors
+        if spec.device:
+            raise UnsupportedError(f"{what}: GPU origin buffers are not supported for "
+                                   "RMA yet; pass host memory") from None
+        return ffi.from_buffer(spec.obj, require_writable=writable)
+
+
 def _wrap(value: Any, size: int, signed: bool) -> int:
     """``value`` as the ``size``-byte integer the hardware would see (two's complement)."""
     bits = size * 8
@@ -179,11 +193,6 @@ class RmaEngine:
         if self.closed:
             raise ClosedError("the RMA engine is closed")
 
-    def register(self, buf: Any) -> MemoryRegion:
-        """Register ``buf`` (see :func:`register`: every engine maps it)."""
-        self._check()
-        return MemoryRegion(buf)
-
     # ------------------------------------------------------------ requests
     def post(self, st: int) -> Any:
         """The request of an operation just posted (None when already complete)."""
@@ -251,12 +260,7 @@ class MemoryRegion:
             nbytes = as_recv_buffer(buf).nbytes
             self._keep: Any = buf
         else:
-            try:
-                cbuf = ffi.from_buffer(buf, require_writable=True)
-            except (TypeError, ValueError, BufferError):
-                from .._buffers import as_recv_buffer
-
-                cbuf = ffi.from_buffer(as_recv_buffer(buf).obj, require_writable=True)
+            cbuf = _host_view(ffi, buf, True, "register")
             ptr, nbytes, self._keep = cbuf, len(cbuf), (cbuf, buf)
         self.nbytes = nbytes
         self.address = int(ffi.cast("uintptr_t", ptr))
@@ -358,12 +362,7 @@ class RemoteMemory:
     async def put(self, buf: Any, offset: int = 0) -> None:
         """Write ``buf`` at ``offset``; returns when ``buf`` may be reused."""
         ffi = self._eng._ffi
-        try:
-            src = ffi.from_buffer(buf)
-        except (TypeError, ValueError, BufferError):
-            from .._buffers import as_send_buffer
-
-            src = ffi.from_buffer(as_send_buffer(buf).obj)
+        src = _host_view(ffi, buf, False, "put")
         raddr = self._check(offset, len(src), "put")
         eng = self._eng
         st = eng._lib.ucxcomm_rma_put(self._ep, src, len(src), raddr, self._rkey,
@@ -373,12 +372,7 @@ class RemoteMemory:
     async def get(self, buf: Any, offset: int = 0) -> None:
         """Read ``len(buf)`` bytes at ``offset`` into ``buf``."""
         ffi = self._eng._ffi
-        try:
-            dst = ffi.from_buffer(buf, require_writable=True)
-        except (TypeError, ValueError, BufferError):
-            from .._buffers import as_recv_buffer
-
-            dst = ffi.from_buffer(as_recv_buffer(buf).obj, require_writable=True)
+        dst = _host_view(ffi, buf, True, "get")
         raddr = self._check(offset, len(dst), "get")
         eng = self._eng
         st = eng._lib.ucxcomm_rma_get(self._ep, dst, len(dst), raddr, self._rkey,
