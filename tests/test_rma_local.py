@@ -15,8 +15,10 @@ pytestmark = pytest.mark.timeout(60)
 class _FakeGpuArray:
     """Claims device memory (nothing is ever read from it: the call must refuse first)."""
 
-    __cuda_array_interface__ = {"data": (0x1000, False), "shape": (4,), "typestr": "<f8",
-                                "version": 3, "strides": None}
+    @property
+    def __cuda_array_interface__(self):
+        return {"data": (0x1000, False), "shape": (4,), "typestr": "<f8", "version": 3,
+                "strides": None}
 
 
 async def test_bad_rma_calls_move_nothing():
