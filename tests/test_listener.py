@@ -153,7 +153,7 @@ async def main():
         # What the client did, one-sidedly, while this side only waited:
         assert (mem[8:12] == 5).all() and mem[0] == 30, mem[:12]
         await ep.send_obj("checked")
-        region.release()
+        region.close()
         done.set_result(True)
 
     async with await ucxcomm.transport.listen(handler) as lst:
@@ -187,7 +187,7 @@ async def test_remote_memory_between_processes():
         await remote.flush()
         await ep.send_obj("done")
         assert await ep.recv_obj() == "checked"
-        remote.release()
+        remote.close()
         ep.abort()
         _, err = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 0, err

@@ -53,7 +53,7 @@ async def test_bad_rma_calls_move_nothing():
     olds = await remote.atomic_many("add", [5, 6], 32, np.int64, fetch=True)
     await remote.flush()
     assert olds == [0, 0] and mem[4:6].tolist() == [5, 6]
-    remote.release()
+    remote.close()
     with pytest.raises(ucxcomm.ClosedError):
         await remote.put(np.ones(1), 0)
-    region.release()
+    region.close()

@@ -197,39 +197,17 @@ def test_policy_from_environment_and_thresholds(tmp_path):
             tc.policy_from(env=bad)
 
 
-class _Endpoint:
-    """A stand-in with the lanes UCX would report (the policy check reads only these)."""
-
-    def __init__(self, lanes):
-        self.lanes, self.aborted = lanes, False
-
-    def transports(self):
-        return self.lanes
-
-    def abort(self):
-        self.aborted = True
-
-
-class _World:
-    rank = 0
-
-    def __init__(self, plan):
-        self.plan = plan
-
-
 def test_rdma_policy_refuses_a_tcp_only_peer(tmp_path, caplog):
-    from ucxcomm.comm.communicator import World
-
+    """The per-peer lane check (run by Worker.connect on every new endpoint)."""
     det = detection(tmp_path, "mlx5-ib-cx6")
-    strict = _World(tc.plan(tc.policy_from("rdma", env={}), det, env={}))
-    ep = _Endpoint([("tcp", "eth0")])
+    strict = tc.plan(tc.policy_from("rdma", env={}), det, env={})
     with pytest.raises(PeerFailure, match="not reachable over RDMA") as info:
-        World._check_lanes(strict, 3, ep)  # type: ignore[arg-type]
-    assert info.value.peer == 3 and ep.aborted
-    World._check_lanes(strict, 1, _Endpoint([("rc_mlx5", "mlx5_0:1")]))  # fine
-    World._check_lanes(strict, 1, _Endpoint([("sysv", "memory"), ("cma", "memory")]))
-    relaxed = _World(tc.plan(tc.policy_from("auto", env={}), det, env={}))
-    World._check_lanes(relaxed, 2, _Endpoint([("tcp", "eth0")]))  # logged, not raised
+        tc.check_lanes(strict, 3, [("tcp", "eth0")])
+    assert info.value.peer == 3
+    tc.check_lanes(strict, 1, [("rc_mlx5", "mlx5_0:1")])  # fine
+    tc.check_lanes(strict, 1, [("sysv", "memory"), ("cma", "memory")])
+    relaxed = tc.plan(tc.policy_from("auto", env={}), det, env={})
+    tc.check_lanes(relaxed, 2, [("tcp", "eth0")])  # logged, not raised
     assert "reached without RDMA" in caplog.text
 
 

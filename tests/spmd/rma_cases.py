@@ -60,8 +60,8 @@ async def remote_memory(comm):
         raise AssertionError("an out-of-range put was accepted")
     await comm.barrier()
     for rm in remote:
-        rm.release()
-    reg.release()
+        rm.close()
+    reg.close()
 
 
 @case

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._serialize import FRAMED, Header, decode_header, encode, loads, loads_inline
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError
+from ..transport.base import Link, Transport
 from .algorithms import ScratchPool
 from .collectives import Collectives
 from .pool import FramePool
@@ -45,45 +46,26 @@ class World:
     Created by :func:`ucxcomm.init`; users never build one.
     """
 
-    def __init__(self, worker: Any, rank: int, size: int, addresses: list[bytes]) -> None:
+    def __init__(self, worker: Transport, rank: int, size: int,
+                 addresses: list[bytes]) -> None:
         self.worker = worker
         self.rank = rank
         self.size = size
         self.addresses = addresses
         self.next_cid = 1  # 0 is the world communicator
-        self._eps: dict[int, Any] = {}
+        self._eps: dict[int, Link] = {}
         self.closed = False
         self.closers: list[Callable[[], Awaitable[None]]] = []
         self.pool = FramePool()
         self.scratch = ScratchPool()
         self.comm = Comm(self, tuple(range(size)), 0)
-        self.plan: Any = None  # the transport plan (ucxcomm.transport.config.Plan)
-        self.rma: Any = None  # the ucxcomm.transport.rma module (windows), set by init()
 
-    def endpoint(self, world_rank: int) -> Any:
+    def endpoint(self, world_rank: int) -> Link:
         ep = self._eps.get(world_rank)
         if ep is None:
             ep = self.worker.connect(self.addresses[world_rank], peer=world_rank)
-            if self.plan is not None and world_rank != self.rank:
-                self._check_lanes(world_rank, ep)
             self._eps[world_rank] = ep
         return ep
-
-    def _check_lanes(self, world_rank: int, ep: Any) -> None:
-        """Enforce the transport policy on a new endpoint: with transport="rdma" a peer
-        reachable only over TCP is a failure; with "auto" it is logged."""
-        kinds = {self.plan.lane_kind(tl) for tl, _ in ep.transports()}
-        if "rdma" in kinds or not kinds or kinds <= {"shm", "gpu"}:
-            return  # RDMA, or a peer on this host (shared memory)
-        lanes = ", ".join(f"{tl}/{dev}" for tl, dev in ep.transports())
-        if self.plan.policy.transport == "rdma":
-            ep.abort()
-            raise PeerFailure(f"rank {world_rank} is not reachable over RDMA (UCX chose "
-                              f"{lanes}) and transport='rdma' forbids a fallback",
-                              peer=world_rank)
-        if self.plan.rdma:
-            log.warning("rank %d: rank %d is reached without RDMA (%s): TCP fallback",
-                        self.rank, world_rank, lanes)
 
     def peer_failed(self, world_rank: int) -> None:
         """Called when the bootstrap store reports that ``world_rank`` died."""

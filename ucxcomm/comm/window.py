@@ -90,8 +90,7 @@ class Win:
 
     @classmethod
     async def _make(cls, comm: Any, buf: Any, disp_unit: int) -> Win:
-        rma = comm._world.rma  # ucxcomm.transport.rma, handed over by init()
-        RemoteMemory = rma.RemoteMemory
+        transport = comm._world.worker
         if type(disp_unit) is not int or disp_unit < 1:
             raise ValueError(f"disp_unit must be an int >= 1, got {disp_unit!r}")
         self = cls()
@@ -99,13 +98,13 @@ class Win:
         self.memory = buf
         self.disp_unit = disp_unit
         self._ctrl = np.zeros(_CTRL_WORDS, np.int64)
-        self._region = rma.register(buf)
-        self._ctrl_region = rma.register(self._ctrl)
+        self._region = transport.register(buf)
+        self._ctrl_region = transport.register(self._ctrl)
         mine = (self._region.rkey, self._region.address, self._region.nbytes,
                 self._ctrl_region.rkey, self._ctrl_region.address, disp_unit)
         infos = await comm.allgather(mine)
-        self._mem = [RemoteMemory(i[0], i[1], i[2]) for i in infos]
-        self._ctl = [RemoteMemory(i[3], i[4], _CTRL_WORDS * 8) for i in infos]
+        self._mem = [transport.remote_memory(i[0], i[1], i[2]) for i in infos]
+        self._ctl = [transport.remote_memory(i[3], i[4], _CTRL_WORDS * 8) for i in infos]
         self._units = [i[5] for i in infos]
         self._held = {}  # rank -> exclusive?
         self._closed = False
@@ -327,9 +326,9 @@ class Win:
         await self.comm.barrier()
         self._closed = True
         for rm in self._mem + self._ctl:
-            rm.release()
-        self._region.release()
-        self._ctrl_region.release()
+            rm.close()
+        self._region.close()
+        self._ctrl_region.close()
 
     @property
     def closed(self) -> bool:

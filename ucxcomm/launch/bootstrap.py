@@ -233,7 +233,7 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
             if server is not None:
                 await server.close()
             raise
-    worker = Worker(config)
+    worker = Worker(config, plan=plan)
     try:
         if client is None:
             addresses = [worker.address]
@@ -252,10 +252,7 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
             await server.close()
         raise
     world = World(worker, spec.rank, spec.size, addresses)
-    world.plan = plan
     from ..transport import rma
-
-    world.rma = rma
 
     async def _close_rma() -> None:
         rma.shutdown()

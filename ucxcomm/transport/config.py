@@ -13,17 +13,20 @@ then ``UCXCOMM_TRANSPORT`` / ``UCXCOMM_TAG_OFFLOAD`` / ``UCXCOMM_DEVICES``, then
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UnsupportedError
+from ..errors import PeerFailure, UnsupportedError
 
-__all__ = ["Detection", "Plan", "Policy", "RdmaPort", "detect", "lane_kind",
+__all__ = ["Detection", "Plan", "Policy", "RdmaPort", "check_lanes", "detect", "lane_kind",
            "parse_ucx_info_devices", "plan", "policy_from", "prepare", "scan_sysfs",
            "tag_matching", "ucx_modules"]
+
+log = logging.getLogger(__name__)
 
 TRANSPORTS = ("auto", "rdma", "tcp")
 RDMA_TLS = frozenset({"rc", "rc_verbs", "rc_mlx5", "ud", "ud_verbs", "ud_mlx5", "dc",
@@ -118,10 +121,6 @@ class Plan:
     reasons: list[str] = field(default_factory=list)
     user_overrides: dict[str, str] = field(default_factory=dict)
     no_rdma: list[str] = field(default_factory=list)  # why RDMA is unavailable
-
-    @staticmethod
-    def lane_kind(transport: str) -> str:
-        return lane_kind(transport)
 
     def as_dict(self) -> dict[str, Any]:
         return {"transport": self.policy.transport, "rdma": self.rdma,
@@ -377,6 +376,23 @@ def lane_kind(transport: str) -> str:
     return "tcp" if transport == "tcp" else "other"
 
 
+def check_lanes(plan: Plan, peer: Any, lanes: list[tuple[str, str]]) -> None:
+    """Enforce ``plan`` on the lanes UCX chose for a new endpoint to ``peer``: with
+    ``transport="rdma"`` a peer reachable only without RDMA (e.g. over TCP) is a
+    :class:`~ucxcomm.PeerFailure`; with ``"auto"`` and RDMA present it is logged. Peers
+    on this host (shared memory, GPU copies) and RDMA lanes are always fine.
+    """
+    kinds = {lane_kind(tl) for tl, _ in lanes}
+    if "rdma" in kinds or not kinds or kinds <= {"shm", "gpu"}:
+        return
+    text = ", ".join(f"{tl}/{dev}" for tl, dev in lanes)
+    if plan.policy.transport == "rdma":
+        raise PeerFailure(f"peer {peer} is not reachable over RDMA (UCX chose {text}) and "
+                          "transport='rdma' forbids a fallback", peer=peer)
+    if plan.rdma:
+        log.warning("peer %s is reached without RDMA (%s): TCP fallback", peer, text)
+
+
 def prepare(policy: Policy) -> Plan:
     """Detect, plan and export the plan's ``UCX_*`` variables (those the user has not
     set) for the UCX context about to be created. Loads UCX (to know which one).
@@ -386,13 +402,10 @@ def prepare(policy: Policy) -> Plan:
     UnsupportedError
         See :func:`plan`.
     """
-    import logging
-
     from . import _ucx
 
     det = detect(_ucx.libucp_path())
     out = plan(policy, det)
-    log = logging.getLogger(__name__)
     for var, value in out.env.items():
         os.environ.setdefault(var, value)
     for reason in out.reasons:

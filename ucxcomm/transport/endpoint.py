@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .._serialize import decode_header, encode, loads
 from ..errors import ClosedError, TruncationError
 from . import _ucx
+from .base import Link
 from .worker import FAST_SEND_TRANSPORTS, FULL_MASK
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ _OBJ_TAG = 1 << 31  # first message of an object; its frames follow on _OBJ_TAG 
 _FRAME_SEQS = (1 << 31) - 1
 
 
-class Endpoint:
+class Endpoint(Link):
     """A UCX endpoint created by :meth:`Worker.connect`.
 
     ``peer`` is an opaque label (the comm layer uses world ranks) used to fail pending
@@ -75,9 +76,7 @@ class Endpoint:
         ``worker.register(buf)``): a :class:`~ucxcomm.transport.rma.RemoteMemory` with
         ``put``, ``get``, ``flush`` and atomics (``fetch_add``, ``compare_swap``...)."""
         self._check_open()
-        from .rma import RemoteMemory
-
-        return RemoteMemory(rkey, address, nbytes)
+        return self._worker.remote_memory(rkey, address, nbytes)
 
     def _scoped(self, ns: int | None, tag: int) -> int:
         if ns is None:  # a raw worker-address endpoint: the tag is the UCX tag

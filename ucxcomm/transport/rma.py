@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import ClosedError, UnsupportedError, WindowError
 from . import _ucx
+from .base import Region, Remote
 
 __all__ = ["MemoryRegion", "RemoteMemory", "RmaEngine", "engine", "engines", "register",
            "shutdown"]
@@ -230,14 +231,14 @@ class RmaEngine:
             return
         self.closed = True
         for region in list(self._regions):
-            region.release()
+            region.close()
         for ep in self._eps.values():
             self._lib.ucxcomm_rma_ep_close(self._eng, ep)
         self._eps.clear()
         self._lib.ucxcomm_rma_destroy(self._eng)
 
 
-class MemoryRegion:
+class MemoryRegion(Region):
     """Memory registered for remote access.
 
     Attributes
@@ -284,14 +285,14 @@ class MemoryRegion:
                                               len(packed)) + eng.address + packed)
         except BaseException:
             self.released = False
-            self.release()
+            self.close()
             raise
         self.rkey = _BLOB.pack(_MAGIC, len(sections)) + b"".join(sections)
         self.released = False
         for eng, _ in self._maps:
             eng._regions.append(self)
 
-    def release(self) -> None:
+    def close(self) -> None:
         """Unregister (peers' remote keys to it become invalid). Idempotent."""
         if self.released:
             return
@@ -308,7 +309,7 @@ _OPS = {"add": "UCXCOMM_AMO_ADD", "swap": "UCXCOMM_AMO_SWAP", "cswap": "UCXCOMM_
         "and": "UCXCOMM_AMO_AND", "or": "UCXCOMM_AMO_OR", "xor": "UCXCOMM_AMO_XOR"}
 
 
-class RemoteMemory:
+class RemoteMemory(Remote):
     """A peer's registered memory: ``RemoteMemory(rkey, address, nbytes)``.
 
     Offsets are in bytes from ``address``. Every access is checked against ``nbytes``
@@ -463,7 +464,8 @@ class RemoteMemory:
         """Write ``value`` if the target holds ``compare``; returns the old value."""
         return await self.atomic("cswap", value, offset, dtype, compare=compare)
 
-    def release(self) -> None:
+    def close(self) -> None:
+        """Release the key (idempotent)."""
         if not self._released:
             self._released = True
             for eng, _, rkey in self._targets:

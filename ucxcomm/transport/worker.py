@@ -35,6 +35,8 @@ import numpy as _np
 from .._buffers import BufferSpec, as_recv_buffer, as_send_buffer
 from ..errors import ClosedError, PeerFailure, UnsupportedError
 from . import _ucx
+from .base import Transport
+from .config import Plan, check_lanes
 
 __all__ = ["Worker"]
 
@@ -125,7 +127,7 @@ class _Op:
             self.settled.set_result(None)
 
 
-class Worker:
+class Worker(Transport):
     """A UCX context + worker driven by the running asyncio loop.
 
     Parameters
@@ -147,8 +149,9 @@ class Worker:
     """
 
     def __init__(self, config: dict[str, str] | None = None, *,
-                 spin_us: float | None = None) -> None:
+                 spin_us: float | None = None, plan: Plan | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._plan = plan
         pin_mmap_threshold()
         self._context = _ucx.create_context(config)
         self._worker = _ucx.create_worker(self._context)
@@ -202,6 +205,13 @@ class Worker:
 
         return register(buf)
 
+    def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Any:
+        """A peer's registered memory (its region's ``rkey``, ``address``, ``nbytes``)."""
+        self._check_open()
+        from .rma import RemoteMemory
+
+        return RemoteMemory(rkey, address, nbytes)
+
     # ------------------------------------------------------------ endpoints
     def listen(self, port: int, callback: Callable[[int], None]) -> Any:
         """A UCX listener; ``callback(conn_request)`` runs during progress (see
@@ -231,6 +241,12 @@ class Worker:
         ucx_ep = self._worker.create_endpoint_from_worker_address(
             _ucx.address_from_bytes(address), False)
         ep = Endpoint(self, ucx_ep, peer)
+        if self._plan is not None and peer is not None:
+            try:
+                check_lanes(self._plan, peer, ep.transports())
+            except BaseException:
+                ep.abort()
+                raise
         self.endpoints.append(ep)
         return ep
 

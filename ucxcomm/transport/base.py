@@ -1,0 +1,227 @@
+"""The transport's contract with the layers above: what a communicator may ask of it.
+
+:mod:`ucxcomm.comm` imports these abstract classes, never the UCX-backed ones; the
+concrete :class:`~ucxcomm.transport.worker.Worker`, :class:`~ucxcomm.transport.endpoint.
+Endpoint`, :class:`~ucxcomm.transport.rma.MemoryRegion` and
+:class:`~ucxcomm.transport.rma.RemoteMemory` implement them, and ``ucxcomm.init`` hands
+a ``Worker`` to the world (dask's ``distributed/comm/core.py`` is the model).
+
+Conventions shared by every method:
+
+* *tags* are raw 64-bit UCX tags; the communicator owns their layout
+  (:mod:`ucxcomm.comm.tags`), the transport only matches ``(tag, mask)``;
+* *peers* is the set of opaque peer labels (world ranks) an operation depends on: when
+  one of them is declared dead (:meth:`Transport.fail_peer`) the operation fails with
+  :class:`~ucxcomm.PeerFailure` instead of waiting forever;
+* operations that may finish at once return their result (or ``None``) instead of a
+  future, so the common case allocates nothing; otherwise they return an
+  :class:`asyncio.Future` that the caller awaits through :meth:`Transport.complete`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Any, TypeAlias
+
+__all__ = ["Link", "Peers", "RecvResult", "Region", "Remote", "Target", "Transport"]
+
+#: A validated buffer ready for UCX: ``(pointer, nbytes, keepalive, device)``, made by
+#: :meth:`Transport.send_ptr` / :meth:`Transport.recv_ptr` (a plain tuple: it is made
+#: on every message).
+Target: TypeAlias = tuple[Any, int, Any, bool]
+#: The peers an operation depends on (None: no peer can fail it).
+Peers: TypeAlias = "frozenset[Any] | None"
+#: A receive's outcome when it finished at once: ``(sender tag, nbytes, capacity or
+#: buffer)`` (see :meth:`Transport.recv_into` and :meth:`Transport.recv_alloc`).
+RecvResult: TypeAlias = tuple[int, int, Any]
+
+
+class Link(ABC):
+    """A connection to one peer worker (a UCX endpoint)."""
+
+    __slots__ = ()
+
+    peer: Any
+
+    @abstractmethod
+    def isend(self, buf: Any, tag: int) -> asyncio.Future | None:
+        """Post a tag send of buffer ``buf``; ``None`` when it completed at once.
+
+        Raises ``TypeError``/``ValueError`` for a bad buffer before anything is sent,
+        :class:`~ucxcomm.ClosedError`, :class:`~ucxcomm.PeerFailure`."""
+
+    @abstractmethod
+    def isend_raw(self, target: Target, tag: int) -> asyncio.Future | None:
+        """Like :meth:`isend` for a target made by :meth:`Transport.send_ptr`."""
+
+    @abstractmethod
+    def transports(self) -> list[tuple[str, str]]:
+        """The (transport, device) lanes UCX chose, e.g. ``[("posix", "memory")]``."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Close at once (idempotent); pending operations on it fail."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Close (idempotent)."""
+
+
+class Region(ABC):
+    """Local memory registered for one-sided access by peers."""
+
+    __slots__ = ()
+
+    rkey: bytes  # everything a peer needs to reach it (with address and nbytes)
+    address: int
+    nbytes: int
+
+    @abstractmethod
+    def close(self) -> None:
+        """Unregister (peers' keys to it become invalid). Idempotent."""
+
+
+class Remote(ABC):
+    """A peer's registered memory; offsets in bytes, checked before anything moves."""
+
+    __slots__ = ()
+
+    address: int
+    nbytes: int
+
+    @abstractmethod
+    async def put(self, buf: Any, offset: int = 0) -> None:
+        """Write ``buf`` at ``offset``; returns when ``buf`` may be reused."""
+
+    @abstractmethod
+    async def get(self, buf: Any, offset: int = 0) -> None:
+        """Read ``len(buf)`` bytes at ``offset`` into ``buf``."""
+
+    @abstractmethod
+    async def flush(self) -> None:
+        """Complete, at the target, every operation issued to it."""
+
+    @abstractmethod
+    async def atomic(self, op: str, value: Any, offset: int, dtype: Any,
+                     fetch: bool = True, compare: Any = None) -> Any:
+        """Remote atomic ``op`` (add, swap, cswap, and, or, xor) on one 32/64-bit
+        integer; the previous value when ``fetch``."""
+
+    @abstractmethod
+    async def atomic_many(self, op: str, values: Iterable[Any], offset: int, dtype: Any,
+                          fetch: bool = False) -> list[int] | None:
+        """``op`` on consecutive integers from ``offset``, all in flight together."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the key (idempotent)."""
+
+
+class Transport(ABC):
+    """One process's UCX worker as the communicator layer sees it."""
+
+    __slots__ = ()
+
+    @property
+    @abstractmethod
+    def address(self) -> bytes:
+        """This worker's address (peers :meth:`connect` to it)."""
+
+    @property
+    @abstractmethod
+    def closed(self) -> bool: ...
+
+    # ----------------------------------------------------------- endpoints
+    @abstractmethod
+    def connect(self, address: bytes, peer: Any = None) -> Link:
+        """A :class:`Link` to the worker at ``address``; ``peer`` labels it for
+        :meth:`fail_peer`. Enforces the transport policy on the lanes UCX chose
+        (``transport="rdma"``: a peer reachable only without RDMA raises
+        :class:`~ucxcomm.PeerFailure`)."""
+
+    # ------------------------------------------------------------- buffers
+    @abstractmethod
+    def send_ptr(self, obj: Any) -> Target:
+        """Validate a send buffer (``TypeError``/``ValueError``; GPU memory without CUDA:
+        :class:`~ucxcomm.UnsupportedError`)."""
+
+    @abstractmethod
+    def recv_ptr(self, obj: Any) -> Target:
+        """Validate a receive buffer (also writable)."""
+
+    @abstractmethod
+    def subtarget(self, target: Target, offset: int, nbytes: int) -> Target:
+        """Bytes ``[offset, offset + nbytes)`` of ``target`` (same memory)."""
+
+    # ------------------------------------------------------------ receives
+    @abstractmethod
+    def recv_into(self, target: Target, tag: int, mask: int, peers: Peers,
+                  finish: Callable[[RecvResult], Any] | None = None,
+                  spin: bool = False) -> RecvResult | asyncio.Future:
+        """Receive the first message matching ``(tag, mask)`` into ``target``, in
+        matching order; ``(sender_tag, nbytes, capacity)`` when done at once, else a
+        future. ``nbytes > capacity``: consumed, the buffer holds its prefix.
+        ``finish`` maps a *future's* result; ``spin`` waits here first while the event
+        loop is idle."""
+
+    @abstractmethod
+    def recv_alloc(self, tag: int, mask: int, peers: Peers,
+                   spin: bool = False) -> RecvResult | asyncio.Future:
+        """Like :meth:`recv_into` into new memory of the message's size:
+        ``(sender_tag, nbytes, buffer)``."""
+
+    @abstractmethod
+    def tag_recv(self, target: Target, tag: int, mask: int,
+                 peers: Peers = None) -> asyncio.Future | None:
+        """A posted receive (no size or sender reported); ``None`` when done at once."""
+
+    @abstractmethod
+    def probe(self, tag: int, mask: int) -> tuple[int, int] | None:
+        """``(sender_tag, nbytes)`` of a matching message already here, else None."""
+
+    @abstractmethod
+    def probe_wait(self, tag: int, mask: int, peers: Peers) -> asyncio.Future:
+        """Resolves to ``(sender_tag, nbytes)`` once a matching message is here."""
+
+    # ------------------------------------------------------- waiting, peers
+    @abstractmethod
+    async def complete(self, fut: asyncio.Future) -> Any:
+        """Await ``fut``, progressing UCX meanwhile (the fast way to wait)."""
+
+    @abstractmethod
+    def wake(self) -> None:
+        """Call after posting operations that are not awaited via :meth:`complete`."""
+
+    @abstractmethod
+    def cancel(self, fut: asyncio.Future) -> bool:
+        """Withdraw the receive behind ``fut``; True when nothing was or will be
+        received for it (else await :meth:`settle`)."""
+
+    @abstractmethod
+    async def settle(self, fut: asyncio.Future) -> None:
+        """Return once UCX no longer touches the memory of ``fut``'s operation."""
+
+    @abstractmethod
+    def fail_peer(self, peer: Any, exc: BaseException | None = None,
+                  grace: float | None = None) -> None:
+        """Declare ``peer`` gone: its pending and later operations fail."""
+
+    # ---------------------------------------------------------- one-sided
+    @abstractmethod
+    def register(self, buf: Any) -> Region:
+        """Register ``buf`` for one-sided access by peers."""
+
+    @abstractmethod
+    def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:
+        """A peer's :class:`Region` (its ``rkey``, ``address``, ``nbytes``)."""
+
+    # -------------------------------------------------------------- close
+    @abstractmethod
+    async def close(self) -> None:
+        """Let in-flight operations finish briefly, then release. Idempotent."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Release at once; pending operations fail with ClosedError. Idempotent."""
