@@ -3,9 +3,9 @@ bandwidth factors) used by benchmarks/collectives.py and its baselines."""
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
+
+from _driver import bench_line
 
 OPS = ["allreduce", "bcast", "allgather", "alltoall", "reduce_scatter_block"]
 SIZES = [8, 4096, 65536, 1 << 20, 16 << 20, 64 << 20]
@@ -46,5 +46,4 @@ def emit(impl: str, op: str, size: int, p: int, seconds: list[float]) -> None:
     rec = {"impl": impl, "op": op, "size": size, "nranks": p, "time_us": t * 1e6,
            "min_us": min(seconds) * 1e6, "max_us": max(seconds) * 1e6,
            "algbw_GBps": algbw, "busbw_GBps": algbw * busbw_factor(op, p)}
-    sys.stdout.write("BENCH " + json.dumps(rec) + "\n")
-    sys.stdout.flush()
+    bench_line(rec)

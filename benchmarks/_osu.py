@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
+
+from _driver import bench_line
 
 LAT_SIZES = [8, 64, 512, 4096, 32768, 262144, 1 << 20, 4 << 20]
 BW_SIZES = [8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20]
@@ -28,5 +28,4 @@ def emit(impl: str, op: str, size: int, samples: list[float], nranks: int = 2, *
     rec = {"impl": impl, "op": op, "size": size, "nranks": nranks,
            "median": statistics.median(samples), "min": min(samples), "max": max(samples)}
     rec.update(extra)
-    sys.stdout.write("BENCH " + json.dumps(rec) + "\n")
-    sys.stdout.flush()
+    bench_line(rec)

@@ -23,18 +23,13 @@ available, cupy's NCCL backend as the reference (NCCL needs one GPU per rank).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
-import shutil
-import socket
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from _coll import OPS, REPS, SIZES, counts, emit, iters  # noqa: E402
-from _driver import record, run_bench  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _driver
+from _coll import OPS, REPS, SIZES, counts, emit, iters
 
 
 def make_call(comm, op, send, recv):
@@ -49,18 +44,19 @@ def make_call(comm, op, send, recv):
 
 
 # --------------------------------------------------------------------------- ranks
-async def rank_main(ops: list[str], gpu: bool) -> None:
+async def rank_main(args: argparse.Namespace) -> None:
     import numpy as np
 
     import ucxcomm
 
     xp = np
+    gpu = args.gpu
     if gpu:
         import cupy as xp  # type: ignore[no-redef]
     comm = await ucxcomm.init()
     p = comm.size
     impl = "ucxcomm-gpu" if gpu else "ucxcomm"
-    for op in ops:
+    for op in args.ops:
         for size in SIZES:
             ns, nr = counts(op, size, p)
             send = xp.ones(ns, xp.float32)
@@ -82,12 +78,6 @@ async def rank_main(ops: list[str], gpu: bool) -> None:
 
 
 # --------------------------------------------------------------------------- driver
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _table(results: list[dict], p: int) -> None:
     rows = [r for r in results if r["nranks"] == p]
     impls = sorted({r["impl"] for r in rows})
@@ -115,20 +105,8 @@ def _table(results: list[dict], p: int) -> None:
             print(f"{size:>10} " + " ".join(cells) + " " + " ".join(ratios))
 
 
-def driver(args: argparse.Namespace) -> int:
-    env = dict(os.environ)
-    if args.tcp:
-        env["UCX_TLS"] = "tcp,self"
-    for var in [k for k in env if k.startswith(("UCXCOMM_", "OMPI_", "PMI_", "SLURM_PROCID"))]:
-        env.pop(var)
-    py = sys.executable
-    ops = args.ops
-    mpiexec = shutil.which("mpiexec", path=str(Path(py).parent)) or shutil.which("mpiexec")
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        mpiexec = None
-        print("mpi4py not installed: pip install 'ucxcomm[bench]'", file=sys.stderr)
+def measure(args: argparse.Namespace, env: dict) -> list[dict]:
+    ops = ",".join(args.ops)
     try:
         import torch  # noqa: F401
 
@@ -138,47 +116,34 @@ def driver(args: argparse.Namespace) -> int:
         print("torch not installed: no gloo baseline (pip install torch)", file=sys.stderr)
     results: list[dict] = []
     for p in args.n:
-        rank_cmd = [py, str(HERE / "collectives.py"), "--rank", "--ops", ",".join(ops)]
+        results += _driver.ucxcomm_run(p, "collectives.py", "--rank", "--ops", ops,
+                                       *(["--gpu"] if args.gpu else []), env=env, timeout=1800)
         if args.gpu:
-            rank_cmd.append("--gpu")
-        results += run_bench([py, "-m", "ucxcomm.cli", "run", "-n", str(p), "--timeout", "1800",
-                         *rank_cmd], env)
-        if args.gpu:
-            results += run_bench([py, "-m", "ucxcomm.cli", "run", "-n", str(p), "--timeout",
-                             "1800", py, str(HERE / "baselines" / "nccl_coll.py"),
-                             ",".join(ops)], dict(env, NCCL_PORT=str(_free_port())))
+            results += _driver.ucxcomm_run(p, "baselines/nccl_coll.py", ops, timeout=1800,
+                                           env=dict(env, NCCL_PORT=str(_driver.free_port())))
         else:
-            if mpiexec:
-                results += run_bench([mpiexec, "-n", str(p), py,
-                                 str(HERE / "baselines" / "mpi_coll.py"), ",".join(ops)], env)
+            results += _driver.mpiexec_run(p, "baselines/mpi_coll.py", ops, env=env)
             if have_torch:
-                results += run_bench([py, "-m", "ucxcomm.cli", "run", "-n", str(p), "--timeout",
-                                 "1800", py, str(HERE / "baselines" / "gloo_coll.py"),
-                                 ",".join(ops)],
-                                dict(env, GLOO_INIT=f"tcp://127.0.0.1:{_free_port()}"))
-    record(results, "tcp" if args.tcp else "default", args.out)
+                gloo = f"tcp://127.0.0.1:{_driver.free_port()}"
+                results += _driver.ucxcomm_run(p, "baselines/gloo_coll.py", ops, timeout=1800,
+                                               env=dict(env, GLOO_INIT=gloo))
+    return results
+
+
+def report(args: argparse.Namespace, results: list[dict]) -> None:
     for p in args.n:
         _table(results, p)
-    return 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", type=lambda s: [int(x) for x in s.split(",")], default=[2],
                         help="world sizes, comma separated (default 2)")
     parser.add_argument("--ops", type=lambda s: s.split(","), default=OPS,
                         help=f"comma separated subset of {','.join(OPS)}")
-    parser.add_argument("--tcp", action="store_true", help="UCX_TLS=tcp,self for ucxcomm")
     parser.add_argument("--gpu", action="store_true", help="cupy buffers; NCCL reference")
-    parser.add_argument("--out", help="append JSON lines to this file")
-    args = parser.parse_args()
-    if args.rank:
-        asyncio.run(rank_main(args.ops, args.gpu))
-        return 0
-    return driver(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_driver.main(__doc__, rank=rank_main, measure=measure, report=report,
+                          options=options, tcp_help="UCX_TLS=tcp,self for ucxcomm",
+                          drop_env=("UCXCOMM_", "OMPI_", "PMI_", "SLURM_PROCID")))

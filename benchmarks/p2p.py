@@ -25,18 +25,14 @@ an acknowledgement; GB/s).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from _driver import perftest, print_ratios, record, run_bench  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _driver
 
-from _osu import BW_SIZES, LAT_SIZES, bw_reps, emit, lat_iters, window  # noqa: E402
+from _osu import BW_SIZES, LAT_SIZES, bw_reps, emit, lat_iters, window
 
 
 # --------------------------------------------------------------------------- ranks
@@ -198,7 +194,7 @@ def _handshake(worker, ep, rank: int) -> None:
             worker.progress()
 
 
-async def rank_main() -> None:
+async def rank_main(args: argparse.Namespace) -> None:
     import ucxcomm
 
     comm = await ucxcomm.init()
@@ -222,10 +218,7 @@ async def rank_main() -> None:
 
 
 # --------------------------------------------------------------------------- driver
-def _perftest(test: str, size: int, iters: int, env: dict) -> dict | None:
-    got = perftest(test, size, iters, env)
-    if got is None:
-        return None
+def _perftest_record(test: str, size: int, got: tuple[float, float, float]) -> dict:
     lat50, lat_avg, bw = got
     if test.endswith("lat"):
         return {"impl": "ucx_perftest", "op": "latency_us", "size": size, "nranks": 2,
@@ -233,6 +226,16 @@ def _perftest(test: str, size: int, iters: int, env: dict) -> dict | None:
                 "test": test}
     return {"impl": "ucx_perftest", "op": "bandwidth_GBps", "size": size, "nranks": 2,
             "median": bw, "min": 0, "max": 0, "test": test}
+
+
+def measure(args: argparse.Namespace, env: dict) -> list[dict]:
+    results = _driver.ucxcomm_run(2, "p2p.py", "--rank", env=env)
+    results += _driver.mpiexec_run(2, "baselines/mpi_p2p.py", env=env)
+    results += _driver.perftest_records([("tag_lat", 8, 20000, env),
+                                         ("tag_bw", 64 << 20, 20, env)], _perftest_record)
+    streams = _driver.HERE / "baselines" / "asyncio_streams.py"
+    results += _driver.run_bench([sys.executable, str(streams)], env)
+    return results
 
 
 def _table(results: list[dict]) -> None:
@@ -248,89 +251,37 @@ def _table(results: list[dict]) -> None:
                 f"{vals[i]:>20.2f}" if i in vals else f"{'-':>20}" for i in impls))
 
 
-def _ratios(results: list[dict]) -> dict[str, float]:
-    def get(impl: str, op: str, size: int) -> float | None:
-        for r in results:
-            if (r["impl"], r["op"], r["size"]) == (impl, op, size):
-                return r["median"]
-        return None
+RATIOS = [
+    ("lat8 ucxcomm/ucxx-lowlevel", ("ucxcomm-buffers", "latency_us", 8),
+     ("ucxx-lowlevel-poll", "latency_us", 8)),
+    ("lat8 ucxcomm/mpi4py", ("ucxcomm-buffers", "latency_us", 8),
+     ("mpi4py+mpich", "latency_us", 8)),
+    ("lat8 ucxcomm/ucx_perftest", ("ucxcomm-buffers", "latency_us", 8),
+     ("ucx_perftest", "latency_us", 8)),
+    ("bw64M ucxcomm/mpi4py", ("ucxcomm-buffers", "bandwidth_GBps", 64 << 20),
+     ("mpi4py+mpich", "bandwidth_GBps", 64 << 20)),
+    ("bw64M ucxcomm/ucx_perftest", ("ucxcomm-buffers", "bandwidth_GBps", 64 << 20),
+     ("ucx_perftest", "bandwidth_GBps", 64 << 20)),
+    ("bw64M ucxcomm/asyncio-streams", ("ucxcomm-buffers", "bandwidth_GBps", 64 << 20),
+     ("asyncio-streams", "bandwidth_GBps", 64 << 20)),
+    ("bw64M ucxcomm/ucxx-lowlevel", ("ucxcomm-buffers", "bandwidth_GBps", 64 << 20),
+     ("ucxx-lowlevel-poll", "bandwidth_GBps", 64 << 20)),
+    ("objects: small-dict lat / lat8 buffers", ("ucxcomm-objects", "latency_us", 0),
+     ("ucxcomm-buffers", "latency_us", 8)),
+    ("objects: bw64M objects/buffers", ("ucxcomm-objects", "bandwidth_GBps", 64 << 20),
+     ("ucxcomm-buffers", "bandwidth_GBps", 64 << 20)),
+]
 
-    out = {}
-    pairs = [
-        ("lat8 ucxcomm/ucxx-lowlevel", ("ucxcomm-buffers", "latency_us", 8),
-         ("ucxx-lowlevel-poll", "latency_us", 8)),
-        ("lat8 ucxcomm/mpi4py", ("ucxcomm-buffers", "latency_us", 8),
-         ("mpi4py+mpich", "latency_us", 8)),
-        ("lat8 ucxcomm/ucx_perftest", ("ucxcomm-buffers", "latency_us", 8),
-         ("ucx_perftest", "latency_us", 8)),
-        ("bw64M ucxcomm/mpi4py", ("ucxcomm-buffers", "bandwidth_GBps", 64 << 20),
-         ("mpi4py+mpich", "bandwidth_GBps", 64 << 20)),
-        ("bw64M ucxcomm/ucx_perftest", ("ucxcomm-buffers", "bandwidth_GBps", 64 << 20),
-         ("ucx_perftest", "bandwidth_GBps", 64 << 20)),
-        ("bw64M ucxcomm/asyncio-streams", ("ucxcomm-buffers", "bandwidth_GBps", 64 << 20),
-         ("asyncio-streams", "bandwidth_GBps", 64 << 20)),
-        ("bw64M ucxcomm/ucxx-lowlevel", ("ucxcomm-buffers", "bandwidth_GBps", 64 << 20),
-         ("ucxx-lowlevel-poll", "bandwidth_GBps", 64 << 20)),
-        ("objects: small-dict lat / lat8 buffers", ("ucxcomm-objects", "latency_us", 0),
-         ("ucxcomm-buffers", "latency_us", 8)),
-        ("objects: bw64M objects/buffers", ("ucxcomm-objects", "bandwidth_GBps", 64 << 20),
-         ("ucxcomm-buffers", "bandwidth_GBps", 64 << 20)),
-    ]
-    for name, a, b in pairs:
-        va, vb = get(*a), get(*b)
-        if va is not None and vb:
-            out[name] = round(va / vb, 3)
-    idle = get("ucxcomm-buffers", "idle_recv_cpu_fraction", 0)
+
+def report(args: argparse.Namespace, results: list[dict]) -> None:
+    _table(results)
+    out = _driver.ratios(results, RATIOS)
+    idle = _driver.median_of(results, "ucxcomm-buffers", "idle_recv_cpu_fraction", 0)
     if idle is not None:
         out["idle recv CPU (fraction of a core)"] = round(idle, 4)
-    return out
-
-
-def driver(args: argparse.Namespace) -> int:
-    env = dict(os.environ)
-    if args.tcp:
-        env["UCX_TLS"] = "tcp,self"
-    for var in [k for k in env if k.startswith(("UCXCOMM_RANK", "UCXCOMM_STORE", "OMPI_",
-                                                "PMI_", "SLURM_PROCID"))]:
-        env.pop(var)
-    py = sys.executable
-    results: list[dict] = []
-    results += run_bench([py, "-m", "ucxcomm.cli", "run", "-n", "2", "--timeout", "900", py,
-                     str(HERE / "p2p.py"), "--rank"], env)
-    mpiexec = shutil.which("mpiexec", path=str(Path(py).parent)) or shutil.which("mpiexec")
-    try:
-        import mpi4py  # noqa: F401
-
-        have_mpi = mpiexec is not None
-    except ImportError:
-        have_mpi = False
-    if have_mpi:
-        results += run_bench([mpiexec, "-n", "2", py, str(HERE / "baselines" / "mpi_p2p.py")], env)
-    else:
-        print("mpi4py/mpiexec not installed: pip install 'ucxcomm[bench]'", file=sys.stderr)
-    for test, size, iters in (("tag_lat", 8, 20000), ("tag_bw", 64 << 20, 20)):
-        rec = _perftest(test, size, iters, env)
-        if rec:
-            results.append(rec)
-    results += run_bench([py, str(HERE / "baselines" / "asyncio_streams.py")], env)
-    record(results, "tcp" if args.tcp else "default", args.out)
-    _table(results)
-    print_ratios(_ratios(results))
-    return 0
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--tcp", action="store_true", help="UCX_TLS=tcp,self for UCX impls")
-    parser.add_argument("--out", help="append JSON lines to this file")
-    args = parser.parse_args()
-    if args.rank:
-        asyncio.run(rank_main())
-        return 0
-    return driver(args)
+    _driver.print_ratios(out)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_driver.main(__doc__, rank=rank_main, measure=measure, report=report,
+                          tcp_help="UCX_TLS=tcp,self for UCX impls"))

@@ -21,30 +21,25 @@ trip), ``fetch_and_op_us`` (an awaited 8 B ``Fetch_and_op``), ``sendrecv_oneway_
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
-import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from _driver import perftest, print_ratios, record, run_bench  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _driver
 
 BIG = 64 << 20
 
 
 def emit(impl: str, op: str, samples: list[float], size: int = 8) -> None:
-    rec = {"impl": impl, "op": op, "size": size, "median": statistics.median(samples),
-           "min": min(samples), "max": max(samples)}
-    sys.stdout.write("BENCH " + json.dumps(rec) + "\n")
-    sys.stdout.flush()
+    _driver.bench_line({"impl": impl, "op": op, "size": size,
+                        "median": statistics.median(samples), "min": min(samples),
+                        "max": max(samples)})
 
 
-async def rank_main() -> None:
+async def rank_main(args: argparse.Namespace) -> None:
     import numpy as np
 
     import ucxcomm
@@ -112,92 +107,49 @@ async def rank_main() -> None:
     await comm.close()
 
 
-def _perftest(test: str, size: int, iters: int, env: dict) -> dict | None:
-    got = perftest(test, size, iters, env)
-    if got is None:
-        return None
+# --------------------------------------------------------------------------- driver
+def _perftest_record(test: str, size: int, got: tuple[float, float, float]) -> dict:
     op = "GBps" if test in ("ucp_put_bw", "ucp_get") else "us"
     return {"impl": "ucx_perftest", "op": f"{test}_{op}", "size": size,
             "median": got[2] if op == "GBps" else got[0], "min": 0, "max": 0}
 
 
-def _ratios(results: list[dict]) -> dict[str, float]:
-    def get(impl: str, op: str) -> float | None:
-        for r in results:
-            if (r["impl"], r["op"]) == (impl, op):
-                return r["median"]
-        return None
-
-    pairs = [
-        ("Put 64 MiB / perftest ucp_put_bw", ("ucxcomm", "put_GBps"),
-         ("ucx_perftest", "ucp_put_bw_GBps")),
-        ("Get 64 MiB / perftest ucp_get", ("ucxcomm", "get_GBps"),
-         ("ucx_perftest", "ucp_get_GBps")),
-        ("Fetch_and_op / own Send-Recv one-way", ("ucxcomm", "fetch_and_op_us"),
-         ("ucxcomm", "sendrecv_oneway_us")),
-        ("Fetch_and_op / perftest ucp_fadd", ("ucxcomm", "fetch_and_op_us"),
-         ("ucx_perftest", "ucp_fadd_us")),
-        ("Fetch_and_op / mpi4py Fetch_and_op", ("ucxcomm", "fetch_and_op_us"),
-         ("mpi4py+mpich", "fetch_and_op_us")),
-        ("Put+Flush / mpi4py Put+Flush", ("ucxcomm", "put_flush_us"),
-         ("mpi4py+mpich", "put_flush_us")),
-        ("Put 64 MiB / mpi4py", ("ucxcomm", "put_GBps"), ("mpi4py+mpich", "put_GBps")),
-        ("Get 64 MiB / mpi4py", ("ucxcomm", "get_GBps"), ("mpi4py+mpich", "get_GBps")),
-    ]
-    out = {}
-    for name, a, b in pairs:
-        va, vb = get(*a), get(*b)
-        if va is not None and vb:
-            out[name] = round(va / vb, 3)
-    return out
-
-
-def driver(args: argparse.Namespace) -> int:
-    env = dict(os.environ)
-    if args.tcp:
-        env["UCX_TLS"] = "tcp,self"
-    for var in [k for k in env if k.startswith(("UCXCOMM_RANK", "UCXCOMM_STORE", "OMPI_",
-                                                "PMI_", "SLURM_PROCID"))]:
-        env.pop(var)
-    py = sys.executable
-    results = run_bench([py, "-m", "ucxcomm.cli", "run", "-n", "2", "--timeout", "900", py,
-                    str(HERE / "rma.py"), "--rank"], env)
-    mpiexec = shutil.which("mpiexec", path=str(Path(py).parent)) or shutil.which("mpiexec")
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        mpiexec = None
-    if mpiexec:
-        results += run_bench([mpiexec, "-n", "2", py, str(HERE / "baselines" / "mpi_rma.py")], env)
-    else:
-        print("mpi4py/mpiexec not installed: pip install 'ucxcomm[bench]'", file=sys.stderr)
+def measure(args: argparse.Namespace, env: dict) -> list[dict]:
+    results = _driver.ucxcomm_run(2, "rma.py", "--rank", env=env)
+    results += _driver.mpiexec_run(2, "baselines/mpi_rma.py", env=env)
     # The same split as ucxcomm's RMA engines without RDMA: atomics on UCX's v1
     # protocols (UCX_PROTO_ENABLE=n), bulk transfers on the default ones.
     aenv = dict(env)
     if not os.path.isdir("/sys/class/infiniband"):
         aenv.setdefault("UCX_PROTO_ENABLE", "n")
-    for test, size, iters in (("ucp_put_lat", 8, 20000), ("ucp_fadd", 8, 20000),
-                              ("ucp_put_bw", BIG, 20), ("ucp_get", BIG, 20)):
-        rec = _perftest(test, size, iters, aenv if test == "ucp_fadd" else env)
-        if rec:
-            results.append(rec)
-    record(results, "tcp" if args.tcp else "default", args.out)
-    print_ratios(_ratios(results))
-    return 0
+    results += _driver.perftest_records([("ucp_put_lat", 8, 20000, env),
+                                         ("ucp_fadd", 8, 20000, aenv),
+                                         ("ucp_put_bw", BIG, 20, env),
+                                         ("ucp_get", BIG, 20, env)], _perftest_record)
+    return results
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--tcp", action="store_true", help="UCX_TLS=tcp,self")
-    parser.add_argument("--out", help="append JSON lines to this file")
-    args = parser.parse_args()
-    if args.rank:
-        asyncio.run(rank_main())
-        return 0
-    return driver(args)
+RATIOS = [
+    ("Put 64 MiB / perftest ucp_put_bw", ("ucxcomm", "put_GBps"),
+     ("ucx_perftest", "ucp_put_bw_GBps")),
+    ("Get 64 MiB / perftest ucp_get", ("ucxcomm", "get_GBps"),
+     ("ucx_perftest", "ucp_get_GBps")),
+    ("Fetch_and_op / own Send-Recv one-way", ("ucxcomm", "fetch_and_op_us"),
+     ("ucxcomm", "sendrecv_oneway_us")),
+    ("Fetch_and_op / perftest ucp_fadd", ("ucxcomm", "fetch_and_op_us"),
+     ("ucx_perftest", "ucp_fadd_us")),
+    ("Fetch_and_op / mpi4py Fetch_and_op", ("ucxcomm", "fetch_and_op_us"),
+     ("mpi4py+mpich", "fetch_and_op_us")),
+    ("Put+Flush / mpi4py Put+Flush", ("ucxcomm", "put_flush_us"),
+     ("mpi4py+mpich", "put_flush_us")),
+    ("Put 64 MiB / mpi4py", ("ucxcomm", "put_GBps"), ("mpi4py+mpich", "put_GBps")),
+    ("Get 64 MiB / mpi4py", ("ucxcomm", "get_GBps"), ("mpi4py+mpich", "get_GBps")),
+]
+
+
+def report(args: argparse.Namespace, results: list[dict]) -> None:
+    _driver.print_ratios(_driver.ratios(results, RATIOS))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_driver.main(__doc__, rank=rank_main, measure=measure, report=report))
