@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import ucxcomm
-from conftest import ROOT
 
+ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "ucxcomm"
 PUBLIC_MODULES = [
     "ucxcomm", "ucxcomm.errors", "ucxcomm.comm", "ucxcomm.comm.communicator",
@@ -23,7 +23,7 @@ PUBLIC_MODULES = [
     "ucxcomm.cli", "ucxcomm._buffers", "ucxcomm._serialize", "ucxcomm.comm.pool",
     "ucxcomm.transport.listener", "ucxcomm.transport.info", "ucxcomm.comm.collectives",
     "ucxcomm.comm.algorithms", "ucxcomm.transport.config", "ucxcomm.transport.rma",
-    "ucxcomm.comm.window",
+    "ucxcomm.comm.window", "ucxcomm.testing",
 ]
 
 

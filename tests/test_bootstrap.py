@@ -6,14 +6,19 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SPMD, clean_env, run_ranks
 from ucxcomm import BootstrapError
 from ucxcomm.launch.bootstrap import detect, parse_nodelist
+from ucxcomm.testing import clean_env, launch, run_ranks
 
+ROOT = Path(__file__).resolve().parent.parent
+SPMD = ROOT / "tests" / "spmd"
 PROG = str(SPMD / "world_prog.py")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -125,8 +130,6 @@ def test_singleton_without_launcher():
 
 
 def test_finalize_then_init_again_under_the_launcher():
-    from conftest import launch
-
     proc = launch(3, [sys.executable, str(SPMD / "reinit_prog.py")], timeout=90)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for r in range(3):

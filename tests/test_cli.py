@@ -6,8 +6,9 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from conftest import ROOT
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_info_json():

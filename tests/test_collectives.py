@@ -3,9 +3,13 @@ against numpy references (tests/spmd/coll_cases.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from conftest import run_case
+from ucxcomm.testing import run_case
+
+COLL_CASES = Path(__file__).resolve().parent / "spmd" / "coll_cases.py"
 
 SIZES = [1, 2, 3, 4]
 
@@ -17,27 +21,27 @@ SIZES = [1, 2, 3, 4]
     "objects", "nonblocking_overlap", "bad_input", "tuning_switch_points",
 ])
 def test_collectives(name, nranks):
-    run_case("coll_cases.py", name, nranks)
+    run_case(COLL_CASES, name, nranks)
 
 
 def test_member_death_fails_every_rank():
-    proc = run_case("coll_cases.py", "member_death", 3)
+    proc = run_case(COLL_CASES, "member_death", 3)
     assert "died or left" in proc.stderr
 
 
 def test_cancelled_collective():
-    run_case("coll_cases.py", "cancelled_collective", 2)
+    run_case(COLL_CASES, "cancelled_collective", 2)
 
 
 @pytest.mark.parametrize("name", ["allreduce_large_and_in_place", "objects",
                                   "alltoall_and_reduce_scatter"])
 def test_collectives_over_tcp(name):
     """The same cases with UCX restricted to TCP."""
-    run_case("coll_cases.py", name, 3, env={"UCX_TLS": "tcp,self"})
+    run_case(COLL_CASES, name, 3, env={"UCX_TLS": "tcp,self"})
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks", [1, 2, 3])
 def test_gpu_collectives(nranks):
     """cupy buffers: device reductions, CUDA transports (skipped without CUDA and cupy)."""
-    run_case("coll_cases.py", "gpu_collectives", nranks)
+    run_case(COLL_CASES, "gpu_collectives", nranks)

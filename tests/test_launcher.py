@@ -8,12 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SPMD, launch
+from ucxcomm.testing import launch
 
-PROG = str(SPMD / "launcher_progs.py")
+ROOT = Path(__file__).resolve().parent.parent
+PROG = str(ROOT / "tests" / "spmd" / "launcher_progs.py")
 
 
 def pids(out: str) -> list[int]:

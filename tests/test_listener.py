@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ucxcomm
-from conftest import ROOT
 from ucxcomm import PeerFailure, TruncationError, UcxCommError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.timeout(60)
 

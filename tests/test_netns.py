@@ -9,14 +9,15 @@ import shutil
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
-from conftest import SPMD, clean_env, run_ranks
+from ucxcomm.testing import clean_env, run_ranks
 
 pytestmark = pytest.mark.netns
 
-PROG = str(SPMD / "netns_prog.py")
+PROG = str(Path(__file__).resolve().parent / "spmd" / "netns_prog.py")
 SUBNET = "10.200.77"
 
 

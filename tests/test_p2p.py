@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from conftest import run_case
+from ucxcomm.testing import run_case
+
+P2P_CASES = Path(__file__).resolve().parent / "spmd" / "p2p_cases.py"
 
 SIZES = [1, 2, 3, 4]
 
@@ -16,33 +20,33 @@ SIZES = [1, 2, 3, 4]
     "barrier_and_timeouts",
 ])
 def test_p2p(name, nranks):
-    run_case("p2p_cases.py", name, nranks)
+    run_case(P2P_CASES, name, nranks)
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_ordering_many_in_flight(nranks):
-    run_case("p2p_cases.py", "ordering_many_in_flight", nranks)
+    run_case(P2P_CASES, "ordering_many_in_flight", nranks)
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_peer_failure(nranks):
-    proc = run_case("p2p_cases.py", "peer_failure", nranks)
+    proc = run_case(P2P_CASES, "peer_failure", nranks)
     assert "died or left" in proc.stderr
 
 
 def test_closed():
-    run_case("p2p_cases.py", "closed", 2)
+    run_case(P2P_CASES, "closed", 2)
 
 
 @pytest.mark.parametrize("name", ["ring_objects", "buffers_all_kinds", "any_source_fan_in",
                                   "truncation", "cancellation"])
 def test_p2p_over_tcp(name):
     """The same cases with UCX restricted to TCP (our fallback where there is no RDMA)."""
-    run_case("p2p_cases.py", name, 2, env={"UCX_TLS": "tcp,self"})
+    run_case(P2P_CASES, name, 2, env={"UCX_TLS": "tcp,self"})
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_gpu_buffers(nranks):
     """cupy buffers through UCX's CUDA transports (skipped without CUDA and cupy)."""
-    run_case("p2p_cases.py", "gpu_buffers", nranks)
+    run_case(P2P_CASES, "gpu_buffers", nranks)

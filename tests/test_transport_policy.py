@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, launch, run_case
 from ucxcomm.errors import PeerFailure, UnsupportedError
+from ucxcomm.testing import launch, run_case
 from ucxcomm.transport import config as tc
 
+ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "transports"
 
 
@@ -259,4 +260,4 @@ def test_init_rdma_fails_fast_here():
 @pytest.mark.parametrize("name", ["ring_objects", "buffers_all_kinds"])
 def test_p2p_with_transport_tcp(name):
     """transport='tcp' (via UCXCOMM_TRANSPORT): the p2p cases pass on its plan."""
-    run_case("p2p_cases.py", name, 2, env={"UCXCOMM_TRANSPORT": "tcp"})
+    run_case(ROOT / "tests" / "spmd" / "p2p_cases.py", name, 2, env={"UCXCOMM_TRANSPORT": "tcp"})

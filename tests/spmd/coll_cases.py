@@ -7,20 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import sys
 
 import numpy as np
 
 import ucxcomm
 from ucxcomm import IN_PLACE
 from ucxcomm.comm import algorithms
+from ucxcomm.testing import Cases
 
-CASES = {}
-
-
-def case(fn):
-    CASES[fn.__name__] = fn
-    return fn
+cases = Cases()
+case = cases.case
 
 
 BUFFER_OPS = [ucxcomm.SUM, ucxcomm.PROD, ucxcomm.MIN, ucxcomm.MAX, ucxcomm.LAND,
@@ -494,13 +490,5 @@ async def gpu_collectives(comm):
         raise AssertionError("mixing host and GPU buffers was accepted")
 
 
-async def main(name: str) -> None:
-    comm = await ucxcomm.init()
-    if await CASES[name](comm) != "aborted":
-        await comm.barrier(timeout=60)
-        await ucxcomm.finalize()
-    print(f"CASE-OK {name} rank {comm.rank}", flush=True)
-
-
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    cases.main()

@@ -8,7 +8,6 @@ code and that every rank printed it.
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import sys
 
@@ -16,13 +15,10 @@ import numpy as np
 
 import ucxcomm
 from ucxcomm import ANY_SOURCE, ANY_TAG
+from ucxcomm.testing import Cases
 
-CASES = {}
-
-
-def case(fn):
-    CASES[fn.__name__] = fn
-    return fn
+cases = Cases(check_init_idempotent=True, collect_garbage=True)
+case = cases.case
 
 
 # Buffer kinds x dtypes x sizes (0, small/eager, around the 8 KiB rendezvous threshold,
@@ -342,7 +338,7 @@ async def communicators(comm):
     members = [r for r in range(comm.size) if r % 2 == comm.rank % 2]
     assert sub.size == len(members)
     assert sub.rank == sorted(members, reverse=True).index(comm.rank)
-    ranks = await sub._allgather_obj(comm.rank)
+    ranks = await sub.allgather(comm.rank)
     assert ranks == sorted(members, reverse=True)
     # sub traffic is isolated from comm traffic with the same tag
     if sub.size > 1:
@@ -458,16 +454,5 @@ async def gpu_buffers(comm):
     assert int(got["x"][0]) == left
 
 
-async def main(name: str) -> None:
-    comm = await ucxcomm.init()
-    assert await ucxcomm.init() is comm  # idempotent
-    outcome = await CASES[name](comm)
-    if outcome is None:
-        await comm.barrier(timeout=60)
-        await ucxcomm.finalize()
-    gc.collect()
-    print(f"CASE-OK {name} rank {comm.rank}", flush=True)
-
-
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    cases.main()

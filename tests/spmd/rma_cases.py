@@ -5,21 +5,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import sys
 import time
 
 import numpy as np
 
 import ucxcomm
+from ucxcomm.testing import Cases
 from ucxcomm.transport.rma import RemoteMemory, register
 
-CASES = {}
-
-
-def case(fn):
-    CASES[fn.__name__] = fn
-    return fn
+cases = Cases()
+case = cases.case
 
 
 @case
@@ -238,13 +233,5 @@ async def busy_target(comm):
     await win.Free()
 
 
-async def main(name: str) -> None:
-    comm = await ucxcomm.init()
-    await CASES[name](comm)
-    await comm.barrier(timeout=60)
-    await ucxcomm.finalize()
-    print(f"CASE-OK {name} rank {comm.rank}", flush=True)
-
-
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    cases.main()
