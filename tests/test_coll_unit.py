@@ -122,3 +122,21 @@ def test_scratch_pool_reuses_and_caps():
     assert pool.take(worker, like, 1000) is not big
     part = a.part(10, 20)
     assert part[0] == a.target[0] + 40 and part[1] == 40
+
+
+def test_comm_forwards_every_collective():
+    """Comm exposes each public method of Collectives under the same name, parameters
+    and docstring (its forwarders are written out in communicator.py), async where the
+    operation is awaited and returning a Request for the I-forms."""
+    import inspect
+
+    from ucxcomm.comm.collectives import Collectives
+
+    names = [n for n, v in vars(Collectives).items() if not n.startswith("_") and callable(v)]
+    assert {"Allreduce", "Iallreduce", "barrier", "Ibarrier", "allgather"} <= set(names)
+    for name in names:
+        impl, fwd = getattr(Collectives, name), getattr(ucxcomm.Comm, name)
+        assert (list(inspect.signature(fwd).parameters.values())[1:]
+                == list(inspect.signature(impl).parameters.values())[1:]), name
+        assert fwd.__doc__ == impl.__doc__, name
+        assert inspect.iscoroutinefunction(fwd) == (name[0] != "I" and name != "ibarrier"), name

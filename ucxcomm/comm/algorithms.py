@@ -10,24 +10,26 @@ bit-identical results: recursive doubling always puts the lower ranks' partial r
 on the left; ring and tree algorithms reduce each element on exactly one rank and
 then distribute it.
 
-This module never touches UCX: it posts tag sends/receives through the worker and
-endpoints of :mod:`ucxcomm.transport`.
+This module never touches UCX: it posts tag sends/receives through the communicator's
+:class:`~ucxcomm.comm.group.Group` (its transport and endpoints, typed by
+:mod:`ucxcomm.transport.base`); tags come from :mod:`ucxcomm.comm.tags`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .tags import KIND_COLL, make_tag
+from .tags import FULL_MASK, KIND_COLL, make_tag, with_source
+
+if TYPE_CHECKING:
+    from ..transport.base import Target, Transport
+    from .group import Group
 
 __all__ = ["TUNING", "Buf", "Chan", "ScratchPool"]
-
-_FULL = (1 << 64) - 1
-_SRC_SHIFT = 24
 
 #: Algorithm switch points and segment sizes (bytes); change them to experiment.
 TUNING = {
@@ -42,7 +44,7 @@ class Buf:
 
     __slots__ = ("_sub", "arr", "device", "itemsize", "n", "target")
 
-    def __init__(self, worker: Any, arr: Any, writable: bool) -> None:
+    def __init__(self, worker: Transport, arr: Any, writable: bool) -> None:
         self.arr = arr
         self.n = int(arr.size)
         self.itemsize = int(arr.itemsize)
@@ -50,12 +52,12 @@ class Buf:
         self.target = worker.recv_ptr(arr) if writable else worker.send_ptr(arr)
         self._sub = worker.subtarget
 
-    def part(self, lo: int, hi: int) -> tuple[Any, int, Any, bool]:
+    def part(self, lo: int, hi: int) -> Target:
         """Transport target of elements ``[lo, hi)``."""
         isz = self.itemsize
         return self._sub(self.target, lo * isz, (hi - lo) * isz)
 
-    def scratch(self, worker: Any, n: int) -> Buf:
+    def scratch(self, worker: Transport, n: int) -> Buf:
         """A new writable buffer of ``n`` elements of the same dtype and memory kind."""
         if self.device:
             import cupy
@@ -73,7 +75,7 @@ class ScratchPool:
         self._free: dict[tuple[bool, str, int], list[Buf]] = {}
         self._bytes = 0
 
-    def take(self, worker: Any, like: Buf, n: int) -> Buf:
+    def take(self, worker: Transport, like: Buf, n: int) -> Buf:
         got = self._free.get((like.device, like.arr.dtype.str, n))
         if got:
             buf = got.pop()
@@ -100,19 +102,19 @@ class Chan:
     algorithm only has to post its receives in the order the peer posts its sends.
     """
 
-    __slots__ = ("_pool", "_rtag", "_stag", "comm", "rank", "recvs", "scratches", "sends",
+    __slots__ = ("_group", "_pool", "_rtag", "_stag", "rank", "recvs", "scratches", "sends",
                  "size", "sync", "worker")
 
-    def __init__(self, comm: Any, seq: int) -> None:
-        self.comm = comm
-        self.worker = comm._worker
-        self.rank, self.size = comm.rank, comm.size
-        self._stag = make_tag(comm._cid, KIND_COLL, comm.rank, seq)
-        self._rtag = make_tag(comm._cid, KIND_COLL, 0, seq)
+    def __init__(self, group: Group, seq: int) -> None:
+        self._group = group
+        self.worker = group.transport
+        self.rank, self.size = group.rank, group.size
+        self._stag = make_tag(group.cid, KIND_COLL, group.rank, seq)
+        self._rtag = make_tag(group.cid, KIND_COLL, 0, seq)
         self.recvs: list[asyncio.Future] = []
         self.sends: list[asyncio.Future] = []
         self.sync: Callable[[], None] | None = None  # set for GPU buffers
-        self._pool: ScratchPool = comm._world.scratch
+        self._pool: ScratchPool = group.scratch
         self.scratches: list[Buf] = []
 
     def scratch(self, like: Buf, n: int) -> Buf:
@@ -126,17 +128,17 @@ class Chan:
         self._pool.give(self.scratches)
         self.scratches = []
 
-    def send(self, peer: int, target: tuple[Any, int, Any, bool]) -> asyncio.Future | None:
-        fut = self.comm._ep(peer).isend_raw(target, self._stag)
+    def send(self, peer: int, target: Target) -> asyncio.Future | None:
+        fut = self._group.endpoint(peer).isend_raw(target, self._stag)
         if fut is not None:
             self.sends.append(fut)
         return fut
 
-    def recv(self, peer: int, target: tuple[Any, int, Any, bool]) -> asyncio.Future | None:
+    def recv(self, peer: int, target: Target) -> asyncio.Future | None:
         # Any member's death fails the receive (not only the sender's): a collective
         # cannot complete without every member, so no rank is left waiting.
-        fut = self.worker.tag_recv(target, self._rtag | (peer << _SRC_SHIFT), _FULL,
-                                   self.comm._peers_all)
+        fut = self.worker.tag_recv(target, with_source(self._rtag, peer), FULL_MASK,
+                                   self._group.peers_all)
         if fut is not None:
             self.recvs.append(fut)
         return fut

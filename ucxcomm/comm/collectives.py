@@ -1,10 +1,13 @@
-"""Collective operations of :class:`~ucxcomm.Comm` (mixed into it).
+"""``Collectives``: the collective operations of one communicator, over its ``Group``.
 
-Lowercase methods move Python objects, Capitalized ones move buffers (numpy arrays,
-bytearray/memoryview, cupy arrays on the GPU) without staging copies. Every argument
-is checked before a collective takes its sequence number, so a bad call raises at once
-on the calling rank and leaves the communicator usable. The algorithms themselves live
-in :mod:`ucxcomm.comm.algorithms`.
+:class:`~ucxcomm.Comm` builds one :class:`Collectives` over its
+:class:`~ucxcomm.comm.group.Group` and exposes each public method under the same name
+and signature (``comm.Allreduce`` forwards to ``Collectives.Allreduce``, whose docstring
+it shows). Lowercase methods move Python objects, Capitalized ones move buffers (numpy
+arrays, bytearray/memoryview, cupy arrays on the GPU) without staging copies;
+``barrier`` lives here too. Every argument is checked before a collective takes its
+sequence number, so a bad call raises at once on the calling rank and leaves the
+communicator usable. The algorithms themselves live in :mod:`ucxcomm.comm.algorithms`.
 
 Non-blocking forms (``Ibcast``, ``Iallreduce``... and ``ibarrier``) start the operation
 immediately and return a :class:`~ucxcomm.Request`; like MPI, every rank must start the
@@ -15,16 +18,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._buffers import typed_flat
 from . import algorithms as alg
 from .algorithms import Buf, Chan, binomial
+from .group import with_timeout
 from .ops import MAX, MIN, SUM, Op
 from .request import Request
-from .tags import KIND_COLL
+from .tags import KIND_COLL, make_tag
+
+if TYPE_CHECKING:
+    from .group import Group
 
 __all__ = ["IN_PLACE", "Collectives"]
 
@@ -118,28 +125,31 @@ def _equal_blocks(n: int, p: int, what: str) -> tuple[list[int], list[int]]:
 
 
 class Collectives:
-    """Collectives of :class:`~ucxcomm.Comm` (see the module docstring)."""
+    """The collectives of the communicator whose :class:`~ucxcomm.comm.group.Group` is
+    ``group`` (see the module docstring).
 
-    # Provided by Comm.
-    rank: int
-    size: int
-    _worker: Any
-    _cid: int
-    _peer_sets: list[frozenset]
-    _check_open: Callable[[], None]
-    _check_peer: Callable[..., int]
-    _next_coll_tag: Callable[[], int]
-    _barrier: Callable[[], Awaitable[None]]
-    _post_send_obj: Callable[..., list[Any]]
-    _post_recv_obj: Callable[..., Any]
-    _match: Callable[..., tuple[int, int, frozenset]]
-    _peers_all: frozenset
-    _finish_recv_obj: Callable[..., Awaitable[tuple[Any, Any]]]
-    _rd_scratch: tuple[Any, Any, Any, Any] | None = None
+    Buffer collectives and ``barrier`` check their arguments when called and return the
+    operation to await (``Comm``'s ``async`` methods of the same names await it, so
+    the public call adds no coroutine layer); ``I*`` forms wrap it in a
+    :class:`~ucxcomm.Request`.
+    """
+
+    __slots__ = ("_check_open", "_group", "_next_seq", "_rd_scratch", "_transport", "rank",
+                 "size")
+
+    def __init__(self, group: Group) -> None:
+        self._group = group
+        self._transport = group.transport
+        self.rank = group.rank
+        self.size = group.size
+        self._check_open = group.check_open
+        self._next_seq = group.next_seq
+        # Scratch of the small-Allreduce path: (dtype, shape, array, target) or None.
+        self._rd_scratch: tuple[Any, Any, Any, Any] | None = None
 
     # ------------------------------------------------------------- helpers
     def _buf(self, obj: Any, writable: bool, what: str) -> Buf:
-        return Buf(self._worker, typed_flat(obj, writable=writable, what=what), writable)
+        return Buf(self._transport, typed_flat(obj, writable=writable, what=what), writable)
 
     def _spec(self, spec: Any, writable: bool, what: str
               ) -> tuple[Buf, list[int], list[int]]:
@@ -168,7 +178,7 @@ class Collectives:
         """A fresh collective channel (takes the next sequence number: call only once
         every argument is checked)."""
         self._check_open()
-        ch = Chan(self, self._next_coll_tag())
+        ch = Chan(self._group, self._next_seq())
         if any(b is not None and b.device for b in bufs):
             import cupy
 
@@ -196,23 +206,23 @@ class Collectives:
         return Request(asyncio.ensure_future(coro))
 
     # ============================================================== buffers
-    def _bcast(self, buf: Any, root: int) -> Awaitable[None]:
-        root = self._check_peer(root, "root")
+    def Bcast(self, buf: Any, root: int = 0) -> Awaitable[None]:
+        """Broadcast ``buf`` from ``root`` into ``buf`` on every rank (binomial tree,
+        segmented for large messages)."""
+        root = self._group.check_peer(root, "root")
         b = self._buf(buf, self.rank != root, "Bcast buffer")
         ch = self._chan(b)
         return self._run(ch, alg.bcast(ch, b, root))
 
-    async def Bcast(self, buf: Any, root: int = 0) -> None:
-        """Broadcast ``buf`` from ``root`` into ``buf`` on every rank (binomial tree,
-        segmented for large messages)."""
-        await self._bcast(buf, root)
-
     def Ibcast(self, buf: Any, root: int = 0) -> Request:
         """Non-blocking :meth:`Bcast`."""
-        return self._request(self._bcast(buf, root))
+        return self._request(self.Bcast(buf, root))
 
-    def _reduce(self, sendbuf: Any, recvbuf: Any, op: Op, root: int) -> Awaitable[None]:
-        root = self._check_peer(root, "root")
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0
+               ) -> Awaitable[None]:
+        """Element-wise reduction of every rank's ``sendbuf`` into ``recvbuf`` at
+        ``root`` (``recvbuf`` may be None elsewhere; ``sendbuf=IN_PLACE`` at the root)."""
+        root = self._group.check_peer(root, "root")
         recv: Buf | None = None
         if self.rank == root:
             if recvbuf is None:
@@ -229,16 +239,14 @@ class Collectives:
         ch = self._chan(send)
         return self._run(ch, alg.reduce(ch, send, recv, root, ufunc))
 
-    async def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> None:
-        """Element-wise reduction of every rank's ``sendbuf`` into ``recvbuf`` at
-        ``root`` (``recvbuf`` may be None elsewhere; ``sendbuf=IN_PLACE`` at the root)."""
-        await self._reduce(sendbuf, recvbuf, op, root)
-
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> Request:
         """Non-blocking :meth:`Reduce`."""
-        return self._request(self._reduce(sendbuf, recvbuf, op, root))
+        return self._request(self.Reduce(sendbuf, recvbuf, op, root))
 
-    def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Op) -> Awaitable[None]:
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
+        """Element-wise reduction of every rank's ``sendbuf``, result in every rank's
+        ``recvbuf`` (bit-identical everywhere). Recursive doubling for small messages,
+        ring reduce-scatter + allgather (segmented) for large ones."""
         if (type(recvbuf) is np.ndarray and recvbuf.nbytes < alg.TUNING["allreduce_ring_min"]
                 and self.size > 1 and isinstance(op, Op)):
             flags = recvbuf.flags
@@ -252,7 +260,7 @@ class Collectives:
                 if ufunc is None:
                     ufunc = _fast_ufuncs[key] = _ufunc(op, recvbuf)
                 self._check_open()
-                ch = Chan(self, self._next_coll_tag())
+                ch = Chan(self._group, self._next_seq())
                 return self._allreduce_small(ch, recvbuf if sendbuf is IN_PLACE else sendbuf,
                                              recvbuf, ufunc)
         recv = self._buf(recvbuf, True, "Allreduce receive buffer")
@@ -266,16 +274,16 @@ class Collectives:
     async def _allreduce_small(self, ch: Chan, send: Any, recv: Any, ufunc: Any) -> None:
         """Host arrays below the ring threshold: recursive doubling, no Buf wrappers,
         scratch memory reused between calls on the same shape and dtype."""
-        worker = self._worker
+        transport = self._transport
         cache = self._rd_scratch
         if cache is not None and cache[0] == recv.dtype and cache[1] == recv.shape:
             self._rd_scratch = None  # in use (a concurrent call allocates its own)
             tmp, tmp_target = cache[2], cache[3]
         else:
             tmp = np.empty_like(recv)
-            tmp_target = worker.recv_ptr(tmp)
-        recv_target = worker.recv_ptr(recv)
-        send_target = recv_target if send is recv else worker.send_ptr(send)
+            tmp_target = transport.recv_ptr(tmp)
+        recv_target = transport.recv_ptr(recv)
+        send_target = recv_target if send is recv else transport.send_ptr(send)
         try:
             await alg.allreduce_recursive_doubling(ch, send, send_target, recv, recv_target,
                                                    tmp, tmp_target, ufunc)
@@ -287,19 +295,13 @@ class Collectives:
             raise
         self._rd_scratch = (recv.dtype, recv.shape, tmp, tmp_target)
 
-    async def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
-        """Element-wise reduction of every rank's ``sendbuf``, result in every rank's
-        ``recvbuf`` (bit-identical everywhere). Recursive doubling for small messages,
-        ring reduce-scatter + allgather (segmented) for large ones."""
-        await self._allreduce(sendbuf, recvbuf, op)
-
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
         """Non-blocking :meth:`Allreduce`."""
-        return self._request(self._allreduce(sendbuf, recvbuf, op))
+        return self._request(self.Allreduce(sendbuf, recvbuf, op))
 
     def _gatherv(self, sendbuf: Any, recvspec: Any, root: int, v: bool) -> Awaitable[None]:
         name = "Gatherv" if v else "Gather"
-        root = self._check_peer(root, "root")
+        root = self._group.check_peer(root, "root")
         p, r = self.size, self.rank
         send: Buf | None = None
         recv: Buf | None = None
@@ -326,14 +328,14 @@ class Collectives:
         ch = self._chan(send, recv)
         return self._run(ch, alg.gatherv(ch, send, recv, counts, displs, root))
 
-    async def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
         """Concatenate every rank's ``sendbuf`` into ``recvbuf`` at ``root`` (rank order)."""
-        await self._gatherv(sendbuf, recvbuf, root, False)
+        return self._gatherv(sendbuf, recvbuf, root, False)
 
-    async def Gatherv(self, sendbuf: Any, recvspec: Any, root: int = 0) -> None:
+    def Gatherv(self, sendbuf: Any, recvspec: Any, root: int = 0) -> Awaitable[None]:
         """:meth:`Gather` with per-rank counts: ``recvspec = (recvbuf, counts[, displs])``
         at the root (in elements)."""
-        await self._gatherv(sendbuf, recvspec, root, True)
+        return self._gatherv(sendbuf, recvspec, root, True)
 
     def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
         return self._request(self._gatherv(sendbuf, recvbuf, root, False))
@@ -343,7 +345,7 @@ class Collectives:
 
     def _scatterv(self, sendspec: Any, recvbuf: Any, root: int, v: bool) -> Awaitable[None]:
         name = "Scatterv" if v else "Scatter"
-        root = self._check_peer(root, "root")
+        root = self._group.check_peer(root, "root")
         p, r = self.size, self.rank
         send: Buf | None = None
         recv: Buf | None = None
@@ -370,14 +372,14 @@ class Collectives:
         ch = self._chan(send, recv)
         return self._run(ch, alg.scatterv(ch, send, counts, displs, recv, root))
 
-    async def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
         """Split ``sendbuf`` at ``root`` into ``size`` equal blocks; rank ``i`` gets
         block ``i`` in ``recvbuf`` (``recvbuf=IN_PLACE`` at the root)."""
-        await self._scatterv(sendbuf, recvbuf, root, False)
+        return self._scatterv(sendbuf, recvbuf, root, False)
 
-    async def Scatterv(self, sendspec: Any, recvbuf: Any, root: int = 0) -> None:
+    def Scatterv(self, sendspec: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
         """:meth:`Scatter` with per-rank counts: ``sendspec = (sendbuf, counts[, displs])``."""
-        await self._scatterv(sendspec, recvbuf, root, True)
+        return self._scatterv(sendspec, recvbuf, root, True)
 
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
         return self._request(self._scatterv(sendbuf, recvbuf, root, False))
@@ -410,14 +412,14 @@ class Collectives:
             return self._run(ch, run())
         return self._run(ch, alg.ring_allgatherv(ch, recv, counts, displs, send))
 
-    async def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> Awaitable[None]:
         """Every rank's ``sendbuf`` concatenated in rank order into every ``recvbuf``
         (ring, segmented; ``sendbuf=IN_PLACE``: the block is already in place)."""
-        await self._allgatherv(sendbuf, recvbuf, False)
+        return self._allgatherv(sendbuf, recvbuf, False)
 
-    async def Allgatherv(self, sendbuf: Any, recvspec: Any) -> None:
+    def Allgatherv(self, sendbuf: Any, recvspec: Any) -> Awaitable[None]:
         """:meth:`Allgather` with per-rank counts: ``recvspec = (recvbuf, counts[, displs])``."""
-        await self._allgatherv(sendbuf, recvspec, True)
+        return self._allgatherv(sendbuf, recvspec, True)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:
         return self._request(self._allgatherv(sendbuf, recvbuf, False))
@@ -460,14 +462,14 @@ class Collectives:
 
         return self._run(ch, run())
 
-    async def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> Awaitable[None]:
         """Block ``j`` of rank ``i``'s ``sendbuf`` lands in block ``i`` of rank ``j``'s
         ``recvbuf`` (pairwise exchange)."""
-        await self._alltoallv(sendbuf, recvbuf, False)
+        return self._alltoallv(sendbuf, recvbuf, False)
 
-    async def Alltoallv(self, sendspec: Any, recvspec: Any) -> None:
+    def Alltoallv(self, sendspec: Any, recvspec: Any) -> Awaitable[None]:
         """:meth:`Alltoall` with ``(buf, counts[, displs])`` on both sides."""
-        await self._alltoallv(sendspec, recvspec, True)
+        return self._alltoallv(sendspec, recvspec, True)
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
         return self._request(self._alltoallv(sendbuf, recvbuf, False))
@@ -511,18 +513,18 @@ class Collectives:
 
         return self._run(ch, run())
 
-    async def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
         """Reduce ``sendbuf`` (``size`` equal blocks) element-wise; rank ``i`` gets
         block ``i`` of the result (ring). ``sendbuf=IN_PLACE``: input from ``recvbuf``,
         result in its first block."""
-        await self._reduce_scatter(sendbuf, recvbuf, None, op)
+        return self._reduce_scatter(sendbuf, recvbuf, None, op)
 
-    async def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],
-                             op: Op = SUM) -> None:
+    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],
+                       op: Op = SUM) -> Awaitable[None]:
         """Like :meth:`Reduce_scatter_block` with ``recvcounts[i]`` elements for rank ``i``."""
         if recvcounts is None:
             raise TypeError("Reduce_scatter: recvcounts is required")
-        await self._reduce_scatter(sendbuf, recvbuf, recvcounts, op)
+        return self._reduce_scatter(sendbuf, recvbuf, recvcounts, op)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
         return self._request(self._reduce_scatter(sendbuf, recvbuf, None, op))
@@ -543,20 +545,33 @@ class Collectives:
         ch = self._chan(send)
         return self._run(ch, alg.scan(ch, send, recv, ufunc, exclusive))
 
-    async def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+    def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
         """Inclusive prefix reduction: rank ``i`` gets ``op`` over ranks ``0..i``."""
-        await self._scan(sendbuf, recvbuf, op, False)
+        return self._scan(sendbuf, recvbuf, op, False)
 
-    async def Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
         """Exclusive prefix reduction over ranks ``0..i-1`` (rank 0's ``recvbuf`` is
         left as it was)."""
-        await self._scan(sendbuf, recvbuf, op, True)
+        return self._scan(sendbuf, recvbuf, op, True)
 
     def Iscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
         return self._request(self._scan(sendbuf, recvbuf, op, False))
 
     def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
         return self._request(self._scan(sendbuf, recvbuf, op, True))
+
+    # ============================================================== barrier
+    def barrier(self, *, timeout: float | None = None) -> Awaitable[None]:
+        """Block until every rank of the communicator has entered the barrier.
+
+        Dissemination algorithm: ceil(log2(size)) rounds of zero-byte messages.
+
+        Raises
+        ------
+        ClosedError, PeerFailure, CommTimeoutError
+        """
+        self._check_open()
+        return with_timeout(self._barrier(), timeout, "barrier")
 
     def ibarrier(self) -> Request:
         """Non-blocking barrier."""
@@ -565,15 +580,39 @@ class Collectives:
 
     Ibarrier = ibarrier
 
+    def _barrier(self) -> Awaitable[None]:
+        # The sequence number is taken now, in call order (ibarrier runs it later).
+        return self._run_barrier(self._next_seq())
+
+    async def _run_barrier(self, seq: int) -> None:
+        g = self._group
+        transport = self._transport
+        rank, size = self.rank, self.size
+        stag = make_tag(g.cid, KIND_COLL, rank, seq)
+        dist = 1
+        while dist < size:
+            dest = (rank + dist) % size
+            src = (rank - dist) % size
+            sfut = g.endpoint(dest).isend(b"", stag)
+            utag, mask, _ = g.match(KIND_COLL, src, seq)
+            res = transport.recv_into(transport.recv_ptr(bytearray(0)), utag, mask,
+                                      g.peers_all)  # any member's death fails it
+            if not isinstance(res, tuple):
+                await g.await_recv(res)
+            if sfut is not None:
+                await transport.complete(sfut)
+            dist *= 2
+
     # ============================================================== objects
     def _osend(self, obj: Any, dest: int, seq: int) -> list[Any]:
-        return [f for f in self._post_send_obj(obj, dest, KIND_COLL, seq) if f is not None]
+        return [f for f in self._group.post_send_obj(obj, dest, KIND_COLL, seq)
+                if f is not None]
 
     async def _orecv(self, source: int, seq: int) -> Any:
         # Fails if any member dies (see Chan.recv), not only ``source``.
-        utag, mask, _ = self._match(KIND_COLL, source, seq)
-        res = self._worker.recv_alloc(utag, mask, self._peers_all)
-        return (await self._finish_recv_obj(res))[0]
+        g = self._group
+        res = g.post_recv_obj(source, KIND_COLL, seq, g.peers_all)
+        return (await g.finish_recv_obj(res))[0]
 
     @staticmethod
     def _pyop(op: Any) -> Callable[[Any, Any], Any]:
@@ -599,8 +638,8 @@ class Collectives:
     async def bcast(self, obj: Any, root: int = 0) -> Any:
         """``root``'s object, on every rank (binomial tree)."""
         self._check_open()
-        root = self._check_peer(root, "root")
-        return await self._bcast_obj(obj, root, self._next_coll_tag())
+        root = self._group.check_peer(root, "root")
+        return await self._bcast_obj(obj, root, self._next_seq())
 
     async def _reduce_obj(self, obj: Any, fn: Callable[[Any, Any], Any], root: int,
                           seqs: tuple[int, int]) -> Any:
@@ -626,16 +665,16 @@ class Collectives:
         """``op`` over every rank's object, in rank order, at ``root`` (None elsewhere).
         ``op`` is a :class:`~ucxcomm.Op` or any callable ``f(a, b)``."""
         self._check_open()
-        root = self._check_peer(root, "root")
+        root = self._group.check_peer(root, "root")
         fn = self._pyop(op)
-        seqs = (self._next_coll_tag(), self._next_coll_tag())
+        seqs = (self._next_seq(), self._next_seq())
         return await self._reduce_obj(obj, fn, root, seqs)
 
     async def allreduce(self, obj: Any, op: Any = SUM) -> Any:
         """``op`` over every rank's object in rank order; the same result everywhere."""
         self._check_open()
         fn = self._pyop(op)
-        seqs = (self._next_coll_tag(), self._next_coll_tag())
+        seqs = (self._next_seq(), self._next_seq())
         acc = await self._reduce_obj(obj, fn, 0, seqs)
         return await self._bcast_obj(acc, 0, seqs[1])
 
@@ -653,26 +692,26 @@ class Collectives:
     async def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
         """Every rank's object, as a list in rank order at ``root`` (None elsewhere)."""
         self._check_open()
-        root = self._check_peer(root, "root")
-        return await self._gather_obj(obj, root, self._next_coll_tag())
+        root = self._group.check_peer(root, "root")
+        return await self._gather_obj(obj, root, self._next_seq())
 
     async def allgather(self, obj: Any) -> list[Any]:
         """Every rank's object, as a list in rank order, on every rank."""
         self._check_open()
-        seqs = (self._next_coll_tag(), self._next_coll_tag())
+        seqs = (self._next_seq(), self._next_seq())
         got = await self._gather_obj(obj, 0, seqs[0])
         return await self._bcast_obj(got, 0, seqs[1])
 
     async def scatter(self, objs: Sequence[Any] | None, root: int = 0) -> Any:
         """Rank ``i`` gets ``objs[i]`` from ``root`` (``objs`` is ignored elsewhere)."""
         self._check_open()
-        root = self._check_peer(root, "root")
+        root = self._group.check_peer(root, "root")
         if self.rank == root:
             if objs is None or len(objs) != self.size:
                 raise ValueError(f"scatter: the root needs a sequence of {self.size} "
                                  f"objects, got {None if objs is None else len(objs)}")
             items = list(objs)
-        seq = self._next_coll_tag()
+        seq = self._next_seq()
         if self.rank != root:
             return await self._orecv(root, seq)
         futs: list[Any] = []
@@ -689,7 +728,7 @@ class Collectives:
         if objs is None or len(objs) != self.size:
             raise ValueError(f"alltoall: expected a sequence of {self.size} objects")
         items = list(objs)
-        seq = self._next_coll_tag()
+        seq = self._next_seq()
         p, r = self.size, self.rank
         futs: list[Any] = []
         for s in range(1, p):
@@ -706,7 +745,7 @@ class Collectives:
     async def _scan_obj(self, obj: Any, op: Any, exclusive: bool) -> Any:
         self._check_open()
         fn = self._pyop(op)
-        seq = self._next_coll_tag()
+        seq = self._next_seq()
         r, p = self.rank, self.size
         partial, result, have = obj, (None if exclusive else obj), not exclusive
         mask = 1

@@ -16,6 +16,10 @@ Atomicity (MPI: accumulates are atomic element-wise with respect to each other):
 
 Passive-target locks (``Lock``/``Unlock``) are a reader-writer lock word per rank, also
 taken with remote atomics.
+
+Memory is registered and reached through the communicator's transport
+(:class:`~ucxcomm.transport.base.Transport`: ``register`` gives a ``Region``,
+``remote_memory`` a ``Remote``); nothing else of the transport is used.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +35,10 @@ from .._buffers import typed_flat
 from ..errors import ClosedError, WindowError
 from .collectives import _ufunc
 from .ops import BAND, BOR, BXOR, NO_OP, REPLACE, SUM, Op
+
+if TYPE_CHECKING:  # annotations only: importing ucxcomm must not load the transport
+    from ..transport.base import Region, Remote
+    from .communicator import Comm
 
 __all__ = ["Win"]
 
@@ -58,14 +66,14 @@ class Win:
     """A window: every rank's exposed memory, reachable by all (create with
     :meth:`Allocate` or :meth:`Create`; collective)."""
 
-    comm: Any
+    comm: Comm
     memory: Any  # this rank's exposed buffer
     disp_unit: int
     _ctrl: np.ndarray
-    _region: Any
-    _ctrl_region: Any
-    _mem: list[Any]  # RemoteMemory of every rank's window
-    _ctl: list[Any]  # RemoteMemory of every rank's control words
+    _region: Region
+    _ctrl_region: Region
+    _mem: list[Remote]  # every rank's window
+    _ctl: list[Remote]  # every rank's control words
     _units: list[int]
     _held: dict[int, bool]
 
@@ -74,7 +82,7 @@ class Win:
 
     # ------------------------------------------------------------ creation
     @classmethod
-    async def Allocate(cls, comm: Any, nbytes: int, disp_unit: int = 1) -> Win:
+    async def Allocate(cls, comm: Comm, nbytes: int, disp_unit: int = 1) -> Win:
         """Collective: allocate ``nbytes`` (zeroed) on every rank and expose them.
         ``win.memory`` is this rank's part (a writable numpy uint8 array)."""
         if type(nbytes) is not int or nbytes < 0:
@@ -83,14 +91,14 @@ class Win:
                                disp_unit)
 
     @classmethod
-    async def Create(cls, comm: Any, buf: Any, disp_unit: int = 1) -> Win:
+    async def Create(cls, comm: Comm, buf: Any, disp_unit: int = 1) -> Win:
         """Collective: expose ``buf`` (a writable, contiguous buffer) on every rank."""
         typed_flat(buf, writable=True, what="Win.Create buffer")  # checks, no I/O
         return await cls._make(comm, buf, disp_unit)
 
     @classmethod
-    async def _make(cls, comm: Any, buf: Any, disp_unit: int) -> Win:
-        transport = comm._world.worker
+    async def _make(cls, comm: Comm, buf: Any, disp_unit: int) -> Win:
+        transport = comm.group.transport
         if type(disp_unit) is not int or disp_unit < 1:
             raise ValueError(f"disp_unit must be an int >= 1, got {disp_unit!r}")
         self = cls()
@@ -183,19 +191,19 @@ class Win:
         await self._locked_update(r, off, src, res, op)
 
     @contextlib.asynccontextmanager
-    async def _acc_lock(self, r: int) -> AsyncIterator[Any]:
+    async def _acc_lock(self, r: int) -> AsyncIterator[Remote]:
         """Hold rank ``r``'s accumulate lock (a remote CAS spin lock); yields its memory.
         Updates made inside are flushed before the lock is released."""
         ctl, mem = self._ctl[r], self._mem[r]
         attempt = 0
-        while await ctl.compare_swap(0, 1, 8, np.int64) != 0:
+        while await ctl.atomic("cswap", 1, 8, np.int64, compare=0) != 0:
             await _backoff(attempt)
             attempt += 1
         try:
             yield mem
             await mem.flush()
         finally:
-            await ctl.swap(0, 8, np.int64)
+            await ctl.atomic("swap", 0, 8, np.int64)
             await ctl.flush()
 
     async def _locked_update(self, r: int, off: int, src: np.ndarray, res: Any,
@@ -237,7 +245,7 @@ class Win:
         dt = np.dtype(dtype)
         off = self._offset(r, target_disp, dt.itemsize, "Compare_and_swap")
         if dt in _INT_AMO:
-            return await self._mem[r].compare_swap(compare, value, off, dt)
+            return await self._mem[r].atomic("cswap", value, off, dt, compare=compare)
         src = np.array([value], dtype=dt)
         res = np.empty(1, dtype=dt)
         async with self._acc_lock(r) as mem:
@@ -269,15 +277,15 @@ class Win:
         ctl = self._ctl[r]
         attempt = 0
         if exclusive:
-            while await ctl.compare_swap(0, _EXCL, 0, np.int64) != 0:
+            while await ctl.atomic("cswap", _EXCL, 0, np.int64, compare=0) != 0:
                 await _backoff(attempt)
                 attempt += 1
         else:
             while True:
-                old = await ctl.fetch_add(1, 0, np.int64)
+                old = await ctl.atomic("add", 1, 0, np.int64)
                 if not old & _EXCL:
                     break
-                await ctl.add(-1, 0, np.int64)
+                await ctl.atomic("add", -1, 0, np.int64, fetch=False)
                 await _backoff(attempt)
                 attempt += 1
         self._held[r] = exclusive
@@ -290,7 +298,7 @@ class Win:
         exclusive = self._held.pop(r)
         await self._mem[r].flush()
         ctl = self._ctl[r]
-        await ctl.add(-_EXCL if exclusive else -1, 0, np.int64)
+        await ctl.atomic("add", -_EXCL if exclusive else -1, 0, np.int64, fetch=False)
         await ctl.flush()
 
     async def Lock_all(self) -> None:
