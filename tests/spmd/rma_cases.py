@@ -12,7 +12,6 @@ import time
 import numpy as np
 
 import ucxcomm
-from ucxcomm.transport.rma import RemoteMemory, register
 
 CASES = {}
 
@@ -26,10 +25,11 @@ def case(fn):
 async def remote_memory(comm):
     """Transport level: register, exchange keys, put/get/flush, atomics."""
     p, r = comm.size, comm.rank
+    worker = ucxcomm.transport.default_worker()
     mem = np.zeros(1024, np.uint64)
-    reg = register(mem)
+    reg = worker.register(mem)
     infos = await comm.allgather((reg.rkey, reg.address, reg.nbytes))
-    remote = [RemoteMemory(*i) for i in infos]
+    remote = [worker.remote_memory(*i) for i in infos]
     right, left = (r + 1) % p, (r - 1) % p
     await remote[right].put(np.full(4, 100 + r, np.uint64), 8)
     await remote[right].flush()

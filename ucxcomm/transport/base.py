@@ -25,7 +25,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, TypeAlias
 
-__all__ = ["Link", "Peers", "RecvResult", "Region", "Remote", "Target", "Transport"]
+__all__ = ["FULL_MASK", "Link", "Peers", "RecvResult", "Region", "Remote", "Target",
+           "Transport"]
+
+#: A tag mask that matches every bit (a receive for exactly one tag).
+FULL_MASK = (1 << 64) - 1
 
 #: A validated buffer ready for UCX: ``(pointer, nbytes, keepalive, device)``, made by
 #: :meth:`Transport.send_ptr` / :meth:`Transport.recv_ptr` (a plain tuple: it is made
@@ -113,6 +117,10 @@ class Remote(ABC):
     async def atomic_many(self, op: str, values: Iterable[Any], offset: int, dtype: Any,
                           fetch: bool = False) -> list[int] | None:
         """``op`` on consecutive integers from ``offset``, all in flight together."""
+
+    @abstractmethod
+    def transports(self) -> list[tuple[str, str]]:
+        """The (transport, device) lanes that reach this memory."""
 
     @abstractmethod
     def close(self) -> None:
