@@ -1,5 +1,6 @@
-"""Builds the cffi extension ``ucxcomm.transport._ucp``; metadata lives in pyproject.toml."""
+"""Builds the cffi extension ``ucxcomm.transport._ucp`` (tools/build_ucp.py, C sources in
+csrc/); metadata lives in pyproject.toml."""
 
 from setuptools import setup
 
-setup(cffi_modules=["ucxcomm/transport/_ucp_build.py:ffibuilder"])
+setup(cffi_modules=["tools/build_ucp.py:ffibuilder"])

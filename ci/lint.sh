@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# Static checks (not part of .ci/run): ruff over the code, tests and benchmarks; mypy over
-# the package (configuration in pyproject.toml). Tool versions are pinned by the `lint` extra.
+# Static checks (run by .ci/run before the tests): ruff over the code, tests, benchmarks and
+# examples; mypy over the package (configuration in pyproject.toml); the C extension's
+# sources compiled on their own with -Wall -Wextra -Werror. Tool versions are pinned by the
+# `lint` extra.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/ci/env.sh"
 cd "$ROOT"
 python -m pip install --quiet --disable-pip-version-check -e "$ROOT[lint]"
-ruff check ucxcomm tests benchmarks examples
+ruff check ucxcomm tests benchmarks examples tools
 mypy
+UCX_INC="$(python -c 'import libucx, os; print(os.path.join(os.path.dirname(libucx.__file__), "include"))')"
+for src in csrc/*.c; do
+  "${CC:-cc}" -std=gnu11 -O2 -Wall -Wextra -Werror -isystem "$UCX_INC" -Icsrc -c "$src" \
+    -o /dev/null
+done
+echo "lint: ruff, mypy and the C sources are clean"

@@ -4,6 +4,8 @@ windows, at 1-4 ranks over the default transports and over TCP
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from ucxcomm.testing import launch, run_case
 
 ROOT = Path(__file__).resolve().parent.parent
 RMA_CASES = ROOT / "tests" / "spmd" / "rma_cases.py"
+RMA_CONFIG = ROOT / "tests" / "spmd" / "rma_config_prog.py"
 
 CASES = ["remote_memory", "shared_counter", "put_get_fence", "accumulate",
          "exclusive_locks", "out_of_range", "busy_target"]
@@ -31,8 +34,37 @@ def test_rma_over_tcp(name):
 
 def test_work_queue_example():
     """examples/work_queue.py: every task handed out exactly once via Fetch_and_op."""
-    import sys
-
     proc = launch(3, [sys.executable, "examples/work_queue.py"], timeout=90, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "200 tasks over 3 ranks" in proc.stdout
+
+
+def _rma_config_reports(mode: str) -> list[dict]:
+    proc = launch(2, [sys.executable, str(RMA_CONFIG), mode], timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    reports = [json.loads(line.split("RMA-LANES ", 1)[1])
+               for line in proc.stdout.splitlines() if "RMA-LANES " in line]
+    assert len(reports) == 2, proc.stdout + proc.stderr
+    return reports
+
+
+def test_ucx_config_reaches_one_sided_traffic():
+    """Regression: the RMA engines' UCX context was built from the environment only, so
+    ``init(ucx_config={"TLS": "tcp,self"})`` moved tag messages over TCP but window
+    traffic over shared memory. Now both contexts get the same options."""
+    for rep in _rma_config_reports("ucx_config"):
+        peer = str(1 - rep["rank"])
+        assert {tl for tl, _ in rep["tag"][peer]} == {"tcp"}, rep
+        assert {tl for tl, _ in rep["rma"][peer]} == {"tcp"}, rep  # sysv/posix/cma before
+        assert [o["TLS"] for o in rep["rma_options"]] == ["tcp,self"] * 2, rep
+
+
+def test_transport_plan_reaches_one_sided_traffic():
+    """``init(transport="tcp")`` (plan: UCX_TLS=tcp,sm,self) configures the RMA engines
+    too: the bulk one as planned, the atomics one with UCX_PROTO_ENABLE=n on top."""
+    for rep in _rma_config_reports("tcp"):
+        assert rep["rma_options"] == [{"TLS": "tcp,sm,self"},
+                                      {"TLS": "tcp,sm,self", "PROTO_ENABLE": "n"}], rep
+        peer = str(1 - rep["rank"])
+        assert rep["rma"][peer] and {tl for tl, _ in rep["rma"][peer]} <= {
+            "tcp", "sysv", "posix", "cma", "self"}, rep

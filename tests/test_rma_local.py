@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import ucxcomm
-from ucxcomm.transport.rma import RemoteMemory, register
+from ucxcomm.transport import Worker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -22,9 +22,10 @@ class _FakeGpuArray:
 
 
 async def test_bad_rma_calls_move_nothing():
+    worker = Worker()
     mem = np.zeros(8, np.int64)
-    region = register(mem)
-    remote = RemoteMemory(region.rkey, region.address, region.nbytes)
+    region = worker.register(mem)
+    remote = worker.remote_memory(region.rkey, region.address, region.nbytes)
     await remote.put(np.arange(2, dtype=np.int64), 8)
     await remote.flush()
     assert mem.tolist() == [0, 0, 1, 0, 0, 0, 0, 0]
@@ -47,9 +48,9 @@ async def test_bad_rma_calls_move_nothing():
             await call()
         assert np.array_equal(mem, before), i
     with pytest.raises(ValueError, match="not a ucxcomm remote key"):
-        RemoteMemory(b"junk", region.address, region.nbytes)
+        worker.remote_memory(b"junk", region.address, region.nbytes)
     with pytest.raises(ValueError):
-        RemoteMemory(region.rkey[:-3], region.address, region.nbytes)
+        worker.remote_memory(region.rkey[:-3], region.address, region.nbytes)
     olds = await remote.atomic_many("add", [5, 6], 32, np.int64, fetch=True)
     await remote.flush()
     assert olds == [0, 0] and mem[4:6].tolist() == [5, 6]
@@ -57,3 +58,4 @@ async def test_bad_rma_calls_move_nothing():
     with pytest.raises(ucxcomm.ClosedError):
         await remote.put(np.ones(1), 0)
     region.close()
+    await worker.close()

@@ -8,8 +8,7 @@ from typing import Any
 
 from numpy import ndarray as _ndarray
 
-__all__ = ["BufferSpec", "as_recv_buffer", "as_send_buffer", "host_bytes", "prefix", "scratch_like",
-           "typed_flat"]
+__all__ = ["BufferSpec", "as_recv_buffer", "as_send_buffer", "typed_flat"]
 
 _KDLCPU = 1
 _KDLCUDA = 2
@@ -24,8 +23,8 @@ class BufferSpec:
     Attributes
     ----------
     obj : object
-        What the transport wraps: a ``memoryview`` for host memory, or the object
-        exposing ``__cuda_array_interface__`` for device memory.
+        What the transport wraps: a flat ``numpy.uint8`` view for host memory, or the
+        object exposing ``__cuda_array_interface__`` for device memory.
     nbytes : int
         Size in bytes.
     device : bool
@@ -83,45 +82,47 @@ def _from_dlpack(obj: Any, what: str) -> Any:
     raise TypeError(f"{what}: DLPack device type {device_type} is not supported")
 
 
-def _adapt(obj: Any, *, writable: bool, what: str) -> BufferSpec:
-    # Fast paths first: these are on every message's critical path.
-    t = type(obj)
-    if t is bytearray or (t is bytes and not writable):
-        return BufferSpec(obj, len(obj), False)
-    if t is _ndarray:
-        flags = obj.flags
-        if flags.c_contiguous and (flags.writeable or not writable):
-            return BufferSpec(obj, obj.nbytes, False)
-    if obj is None:
-        raise TypeError(f"{what}: expected a buffer (numpy/cupy array, bytearray, "
-                        "memoryview, ...), got None")
-    iface = getattr(obj, "__cuda_array_interface__", None)
-    if iface is not None:
-        _, readonly = iface["data"]
-        if writable and readonly:
-            raise ValueError(f"{what}: the GPU receive buffer is read-only")
-        nbytes = _cuda_iface_nbytes(iface, what)
-        return BufferSpec(obj, nbytes, True)
-    import numpy as np
+def _resolve(obj: Any, writable: bool, what: str) -> Any:
+    """``obj`` validated as a contiguous array: a ``numpy.ndarray`` for host memory, or
+    the object itself when it exposes ``__cuda_array_interface__`` (device memory).
+    Bytes-like objects and DLPack tensors are wrapped without copying."""
+    if type(obj) is not _ndarray:
+        if obj is None:
+            raise TypeError(f"{what}: expected a buffer (numpy/cupy array, bytearray, "
+                            "memoryview, ...), got None")
+        iface = getattr(obj, "__cuda_array_interface__", None)
+        if iface is not None:
+            if writable and iface["data"][1]:
+                raise ValueError(f"{what}: the GPU buffer is read-only")
+            _cuda_iface_nbytes(iface, what)  # contiguity
+            return obj
+        import numpy as np
 
-    if not isinstance(obj, np.ndarray):
-        try:
-            obj = np.asarray(memoryview(obj))
-        except TypeError:
-            if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-                return _adapt(_from_dlpack(obj, what), writable=writable, what=what)
-            raise TypeError(
-                f"{what}: expected an object with the buffer protocol, "
-                f"__cuda_array_interface__ or DLPack, got {type(obj).__name__}"
-            ) from None
-    if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+        if not isinstance(obj, np.ndarray):
+            if hasattr(obj, "__dlpack__") and not _has_buffer(obj):
+                return _resolve(_from_dlpack(obj, what), writable, what)
+            try:
+                obj = np.asarray(memoryview(obj))
+            except TypeError:
+                raise TypeError(f"{what}: expected an object with the buffer protocol, "
+                                f"__cuda_array_interface__ or DLPack, got "
+                                f"{type(obj).__name__}") from None
+    flags = obj.flags
+    if not (flags.c_contiguous or flags.f_contiguous):
         raise ValueError(f"{what}: the buffer is not contiguous; pass a contiguous copy "
                          "(numpy.ascontiguousarray)")
-    if writable and not obj.flags.writeable:
-        raise ValueError(f"{what}: the receive buffer is read-only; pass a writable buffer")
-    # A flat byte view of the same memory (no copy for C or F order).
-    flat = obj.ravel(order="K").view(np.uint8)
-    return BufferSpec(memoryview(flat), flat.nbytes, False)
+    if writable and not flags.writeable:
+        raise ValueError(f"{what}: the buffer is read-only; pass a writable buffer")
+    return obj
+
+
+def _spec(arr: Any) -> BufferSpec:
+    if type(arr) is _ndarray:
+        import numpy as np
+
+        flat = arr.ravel(order="K").view(np.uint8)  # same memory, C or F order
+        return BufferSpec(flat, flat.nbytes, False)
+    return BufferSpec(arr, _cuda_iface_nbytes(arr.__cuda_array_interface__, ""), True)
 
 
 def as_send_buffer(obj: Any) -> BufferSpec:
@@ -134,7 +135,7 @@ def as_send_buffer(obj: Any) -> BufferSpec:
     ValueError
         ``obj`` is not contiguous.
     """
-    return _adapt(obj, writable=False, what="send buffer")
+    return _spec(_resolve(obj, False, "send buffer"))
 
 
 def as_recv_buffer(obj: Any) -> BufferSpec:
@@ -147,51 +148,7 @@ def as_recv_buffer(obj: Any) -> BufferSpec:
     ValueError
         ``obj`` is not contiguous or is read-only.
     """
-    return _adapt(obj, writable=True, what="receive buffer")
-
-
-class _DeviceBytes:
-    """A 1-D uint8 view of device memory, described by ``__cuda_array_interface__``."""
-
-    __slots__ = ("__cuda_array_interface__", "_owner")
-
-    def __init__(self, ptr: int, nbytes: int, owner: Any) -> None:
-        self._owner = owner
-        self.__cuda_array_interface__ = {
-            "data": (ptr, False), "shape": (nbytes,), "typestr": "|u1", "version": 3,
-            "strides": None,
-        }
-
-
-def prefix(spec: BufferSpec, nbytes: int) -> BufferSpec:
-    """The first ``nbytes`` of ``spec`` (same memory)."""
-    if nbytes == spec.nbytes:
-        return spec
-    if spec.device:
-        ptr = spec.obj.__cuda_array_interface__["data"][0]
-        return BufferSpec(_DeviceBytes(ptr, nbytes, spec.obj), nbytes, True)
-    return BufferSpec(host_bytes(spec)[:nbytes], nbytes, False)
-
-
-def host_bytes(spec: BufferSpec) -> Any:
-    """A flat, byte-indexed view of a host buffer (no copy)."""
-    obj = spec.obj
-    if isinstance(obj, _ndarray):
-        import numpy as np
-
-        return obj.reshape(-1).view(np.uint8)
-    return memoryview(obj).cast("B")
-
-
-def scratch_like(spec: BufferSpec, nbytes: int) -> BufferSpec:
-    """A fresh buffer of ``nbytes`` in the same kind of memory as ``spec``."""
-    if spec.device:
-        import cupy
-
-        return BufferSpec(cupy.empty(nbytes, dtype=cupy.uint8), nbytes, True)
-    import numpy as np
-
-    return BufferSpec(np.empty(nbytes, dtype=np.uint8).data, nbytes, False)
+    return _spec(_resolve(obj, True, "receive buffer"))
 
 
 def typed_flat(obj: Any, *, writable: bool, what: str) -> Any:
@@ -205,37 +162,12 @@ def typed_flat(obj: Any, *, writable: bool, what: str) -> Any:
     ValueError
         ``obj`` is not contiguous, or is read-only while ``writable``.
     """
-    import numpy as np
+    arr = _resolve(obj, writable, what)
+    if type(arr) is not _ndarray:
+        import cupy
 
-    if type(obj) is not _ndarray:
-        if obj is None:
-            raise TypeError(f"{what}: expected a buffer (numpy/cupy array, bytearray, "
-                            "memoryview, ...), got None")
-        iface = getattr(obj, "__cuda_array_interface__", None)
-        if iface is not None:
-            import cupy
-
-            if writable and iface["data"][1]:
-                raise ValueError(f"{what}: the GPU buffer is read-only")
-            _cuda_iface_nbytes(iface, what)  # contiguity
-            return cupy.asarray(obj).ravel(order="K")
-        if isinstance(obj, np.ndarray):
-            pass
-        elif hasattr(obj, "__dlpack__") and not _has_buffer(obj):
-            return typed_flat(_from_dlpack(obj, what), writable=writable, what=what)
-        else:
-            try:
-                obj = np.asarray(memoryview(obj))
-            except TypeError:
-                raise TypeError(f"{what}: expected an object with the buffer protocol, "
-                                f"__cuda_array_interface__ or DLPack, got "
-                                f"{type(obj).__name__}") from None
-    if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
-        raise ValueError(f"{what}: the buffer is not contiguous; pass a contiguous copy "
-                         "(numpy.ascontiguousarray)")
-    if writable and not obj.flags.writeable:
-        raise ValueError(f"{what}: the buffer is read-only; pass a writable buffer")
-    return obj.ravel(order="K")
+        return cupy.asarray(arr).ravel(order="K")
+    return arr.ravel(order="K")
 
 
 def _has_buffer(obj: Any) -> bool:

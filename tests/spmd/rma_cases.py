@@ -11,7 +11,6 @@ import numpy as np
 
 import ucxcomm
 from ucxcomm.testing import Cases
-from ucxcomm.transport.rma import RemoteMemory, register
 
 cases = Cases()
 case = cases.case
@@ -21,10 +20,11 @@ case = cases.case
 async def remote_memory(comm):
     """Transport level: register, exchange keys, put/get/flush, atomics."""
     p, r = comm.size, comm.rank
+    worker = ucxcomm.transport.default_worker()
     mem = np.zeros(1024, np.uint64)
-    reg = register(mem)
+    reg = worker.register(mem)
     infos = await comm.allgather((reg.rkey, reg.address, reg.nbytes))
-    remote = [RemoteMemory(*i) for i in infos]
+    remote = [worker.remote_memory(*i) for i in infos]
     right, left = (r + 1) % p, (r - 1) % p
     await remote[right].put(np.full(4, 100 + r, np.uint64), 8)
     await remote[right].flush()

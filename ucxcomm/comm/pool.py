@@ -9,11 +9,12 @@ object's data goes away, so a loop receiving same-sized tensors reuses warm memo
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 
 import numpy as np
+
+from .. import settings
 
 __all__ = ["FramePool"]
 
@@ -36,7 +37,7 @@ class FramePool:
 
     def __init__(self, limit: int | None = None) -> None:
         if limit is None:
-            limit = int(os.environ.get("UCXCOMM_POOL_MB", "512")) << 20
+            limit = settings.get("UCXCOMM_POOL_MB") << 20
         self.limit = limit
         self._free: dict[int, list[np.ndarray]] = {}
         self._held = 0

@@ -338,6 +338,19 @@ class Win:
         self._region.close()
         self._ctrl_region.close()
 
+    def transport_info(self) -> dict[int, list[tuple[str, str]]]:
+        """The UCX (transport, device) lanes that carry this window's one-sided traffic
+        to each rank (the RMA engines' endpoints; see docs/transports.md).
+
+        Raises
+        ------
+        ClosedError
+            The window was freed.
+        """
+        if self._closed:
+            raise ClosedError("the window was freed")
+        return {r: mem.transports() for r, mem in enumerate(self._mem)}
+
     @property
     def closed(self) -> bool:
         return self._closed

@@ -31,6 +31,7 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import settings
 from ..comm import Comm, World
 from ..comm.tags import MAX_RANKS
 from ..errors import BootstrapError
@@ -39,8 +40,6 @@ from .store import StoreClient, StoreServer
 __all__ = ["WorldSpec", "detect", "finalize", "init", "parse_nodelist"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +53,15 @@ class WorldSpec:
     token: str
     host_store: bool  # this process serves the store (rank 0 under most launchers)
     source: str  # which convention matched ("explicit", "ucxcomm", "torchrun", ...)
+
+
+def _setting(env: Mapping[str, str], name: str) -> Any:
+    """A ``UCXCOMM_*`` launch setting (:mod:`ucxcomm.settings`); malformed values are
+    bootstrap errors naming the variable."""
+    try:
+        return settings.get(name, env)
+    except ValueError as exc:
+        raise BootstrapError(str(exc)) from None
 
 
 def _int_var(env: Mapping[str, str], name: str) -> int:
@@ -102,14 +110,15 @@ def _derived_port(key: str) -> int:
 
 def _mpi_store(env: Mapping[str, str], convention: str, local_size_var: str,
                size: int) -> tuple[str, int]:
-    if env.get("UCXCOMM_STORE"):
-        return _hostport(env["UCXCOMM_STORE"], "UCXCOMM_STORE")
+    store = _setting(env, "UCXCOMM_STORE")
+    if store:
+        return _hostport(store, "UCXCOMM_STORE")
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         return env["MASTER_ADDR"], _int_var(env, "MASTER_PORT")
     local = env.get(local_size_var)
     if local is not None and local.isdigit() and int(local) == size:
-        port = (_int_var(env, "UCXCOMM_PORT") if env.get("UCXCOMM_PORT")
-                else _derived_port(f"{convention}-{os.getppid()}"))
+        port = (_setting(env, "UCXCOMM_PORT")
+                or _derived_port(f"{convention}-{os.getppid()}"))
         return "127.0.0.1", port
     raise BootstrapError(
         f"{convention} launch across hosts needs the bootstrap store address: set "
@@ -128,7 +137,7 @@ def detect(env: Mapping[str, str] | None = None, *, rank: int | None = None,
         names what is missing.
     """
     env = os.environ if env is None else env
-    token = env.get("UCXCOMM_TOKEN", "")
+    token = _setting(env, "UCXCOMM_TOKEN")
     if rank is not None or size is not None or store is not None:
         if rank is None or size is None:
             raise BootstrapError("init(): pass both rank= and size= (and store= when size > 1)")
@@ -140,13 +149,12 @@ def detect(env: Mapping[str, str] | None = None, *, rank: int | None = None,
     if "UCXCOMM_RANK" in env or ("UCXCOMM_STORE" in env and "UCXCOMM_SIZE" in env):
         _require(env, ("UCXCOMM_RANK", "UCXCOMM_SIZE", "UCXCOMM_STORE", "UCXCOMM_TOKEN"),
                  "ucxcomm run")
-        host, port = _hostport(env["UCXCOMM_STORE"], "UCXCOMM_STORE")
-        return _check(WorldSpec(_int_var(env, "UCXCOMM_RANK"), _int_var(env, "UCXCOMM_SIZE"),
+        host, port = _hostport(_setting(env, "UCXCOMM_STORE"), "UCXCOMM_STORE")
+        return _check(WorldSpec(_setting(env, "UCXCOMM_RANK"), _setting(env, "UCXCOMM_SIZE"),
                                 host, port, token, False, "ucxcomm"))
     if "RANK" in env and ("WORLD_SIZE" in env or "MASTER_ADDR" in env):
         _require(env, ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"), "torchrun")
-        port = (_int_var(env, "UCXCOMM_PORT") if env.get("UCXCOMM_PORT")
-                else _int_var(env, "MASTER_PORT") + 1)
+        port = _setting(env, "UCXCOMM_PORT") or _int_var(env, "MASTER_PORT") + 1
         rank_ = _int_var(env, "RANK")
         tok = token or "torchrun-" + env.get("TORCHELASTIC_RUN_ID", env["MASTER_PORT"])
         return _check(WorldSpec(rank_, _int_var(env, "WORLD_SIZE"), env["MASTER_ADDR"], port,
@@ -158,8 +166,8 @@ def detect(env: Mapping[str, str] | None = None, *, rank: int | None = None,
             raise BootstrapError(f"SLURM_NODELIST={env['SLURM_NODELIST']!r} names no host")
         job = env.get("SLURM_JOB_ID", "0")
         step = env.get("SLURM_STEP_ID", "0")
-        if env.get("UCXCOMM_PORT"):
-            port = _int_var(env, "UCXCOMM_PORT")
+        if _setting(env, "UCXCOMM_PORT"):
+            port = _setting(env, "UCXCOMM_PORT")
         else:
             port = 20000 + (int(job) * 16 + int(step)) % 20000 if job.isdigit() and \
                 step.isdigit() else _derived_port(f"slurm-{job}.{step}")
@@ -219,7 +227,6 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
     # Transport policy first: transport="rdma" without RDMA fails here, before any
     # connection to the store or to peers.
     plan = prepare(policy if policy is not None else policy_from())
-    config = {**plan.config, **(config or {})}
 
     server: StoreServer | None = None
     client: StoreClient | None = None
@@ -252,12 +259,6 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
             await server.close()
         raise
     world = World(worker, spec.rank, spec.size, addresses)
-    from ..transport import rma
-
-    async def _close_rma() -> None:
-        rma.shutdown()
-
-    world.closers.append(_close_rma)
     if spec.source == "ucxcomm":
         _install_task_dump(spec.rank)
     if client is not None:
@@ -396,7 +397,7 @@ async def _init(*, rank: int | None, size: int | None, store: str | None,
             return _world.comm
         spec = detect(rank=rank, size=size, store=store)
         if timeout is None:
-            timeout = float(os.environ.get("UCXCOMM_TIMEOUT", DEFAULT_TIMEOUT))
+            timeout = settings.get("UCXCOMM_TIMEOUT")
         _world = await _form_world(spec, timeout, ucx_config, policy)
         return _world.comm
 

@@ -1,63 +1,92 @@
 """The one module that imports ucxx and the cffi extension ``_ucp``.
 
-Everything UCX-specific that the rest of the transport needs goes through here:
-lazy loading, context/worker creation, buffer wrapping, tags, capability probes and
-the translation of UCX errors into ``ucxcomm.errors`` (done once, here).
+Everything UCX-specific that the rest of the transport needs goes through here: lazy
+loading, context/worker/listener/endpoint creation with ucxx, UCX's constants, and the
+translation of UCX errors (``ucs_status_t`` values and ucxx exceptions alike) into
+``ucxcomm.errors`` through one table, :data:`STATUS_ERRORS`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import ClosedError, PeerFailure, TruncationError, UcxCommError
 
 __all__ = [
-    "Array",
+    "STATUS_ERRORS",
+    "close_endpoint",
+    "const",
     "create_context",
+    "create_listener",
     "create_worker",
+    "endpoint_from_address",
+    "endpoint_from_conn_request",
+    "endpoint_from_host",
     "endpoint_transports",
+    "ffi",
+    "lib",
     "libucp_path",
     "load",
-    "make_tag",
-    "make_tag_mask",
     "status_error",
     "translate_error",
+    "ucx_errors",
     "ucx_version",
 ]
 
 log = logging.getLogger(__name__)
 
+#: What a UCX status means for ucxcomm (by its UCX name). Peer errors: the remote side
+#: is gone or unreachable (a shared-memory segment error means its owner died).
+STATUS_ERRORS: dict[str, type[UcxCommError]] = {
+    "UCS_ERR_MESSAGE_TRUNCATED": TruncationError,
+    "UCS_ERR_CANCELED": ClosedError,
+    "UCS_ERR_CONNECTION_RESET": PeerFailure,
+    "UCS_ERR_ENDPOINT_TIMEOUT": PeerFailure,
+    "UCS_ERR_UNREACHABLE": PeerFailure,
+    "UCS_ERR_NOT_CONNECTED": PeerFailure,
+    "UCS_ERR_REJECTED": PeerFailure,
+    "UCS_ERR_IO_ERROR": PeerFailure,
+    "UCS_ERR_TIMED_OUT": PeerFailure,
+    "UCS_ERR_SHMEM_SEGMENT": PeerFailure,
+}
+
 _lib: Any = None  # ucxx._lib.libucxx once loaded
-_arr: Any = None  # ucxx._lib.arr
-_ucp: Any = None  # the cffi extension
-Array: Any = None
-#: The extension's ``ffi`` and ``lib`` (the tag hot path), set by :func:`load`.
+_by_status: dict[int, tuple[str, type[UcxCommError]]] = {}
+#: The extension's ``ffi`` and ``lib``, set by :func:`load`.
 ffi: Any = None
 lib: Any = None
+#: UCX constants by name (``const["UCP_ATOMIC_OP_ADD"]``), set by :func:`load`.
+const: dict[str, int] = {}
 
 
 def load() -> Any:
     """Import ucxx (which loads libucp) and then the cffi extension bound to it.
 
-    This happens at ``init()`` time, never at ``import ucxcomm``. Importing ucxx
-    exports a few ``UCX_*`` defaults of its own; :func:`_restore_ucx_env` undoes them.
-    Returns the ucxx low-level module.
+    This happens when the first worker is created, never at ``import ucxcomm``.
+    Importing ucxx exports a few ``UCX_*`` defaults of its own; :func:`_restore_ucx_env`
+    undoes them. Returns the ucxx low-level module.
     """
-    global _lib, _arr, _ucp, Array, ffi, lib
+    global _lib, ffi, lib
     if _lib is not None:
         return _lib
     before = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
-    import ucxx._lib.arr as ucxx_arr
     import ucxx._lib.libucxx as libucxx
 
     _restore_ucx_env(before)
     # Only after ucxx loaded libucp: the extension resolves libucp.so.0 by soname.
-    from . import _ucp as ucp_ext  # type: ignore[attr-defined]  # built by cffi
+    from . import _ucp  # type: ignore[attr-defined]  # built by tools/build_ucp.py
 
-    _arr, _ucp, Array = ucxx_arr, ucp_ext, ucxx_arr.Array
-    ffi, lib = ucp_ext.ffi, ucp_ext.lib
+    ffi, lib = _ucp.ffi, _ucp.lib
+    count = ffi.new("size_t *")
+    table = lib.ucxcomm_constants(count)
+    for i in range(count[0]):
+        const[ffi.string(table[i].name).decode()] = int(table[i].value)
+    for name, exc in STATUS_ERRORS.items():
+        _by_status[const[name]] = (name, exc)
     _lib = libucxx
     return _lib
 
@@ -81,110 +110,137 @@ def _restore_ucx_env(before: dict[str, str]) -> None:
 def ucx_version() -> str:
     """The version string of the libucp actually loaded."""
     load()
-    return _ucp.ffi.string(_ucp.lib.ucp_get_version_string()).decode()
+    return str(ffi.string(lib.ucxcomm_version_string()).decode())
 
 
 def libucp_path() -> str:
     """Path of the libucp shared object in use (wheel or system)."""
     load()
-    return _ucp.ffi.string(_ucp.lib.ucxcomm_libucp_path()).decode()
+    return str(ffi.string(lib.ucxcomm_libucp_path()).decode())
 
 
+# ------------------------------------------------------------------ errors
+def _make(exc: type[UcxCommError], status_name: str, text: str, peer: Any,
+          what: str) -> UcxCommError:
+    if exc is PeerFailure:
+        return PeerFailure(f"{what}: peer {peer} failed ({text})", peer=peer)
+    if exc is TruncationError:
+        return TruncationError(f"{what}: message truncated ({text})")
+    if exc is ClosedError:
+        return ClosedError(f"{what} canceled ({text})")
+    return exc(f"{what} failed: {text} ({status_name})")
+
+
+def status_error(status: int, peer: Any = None, what: str = "operation") -> UcxCommError:
+    """The ucxcomm exception for a negative ``ucs_status_t``."""
+    text = ffi.string(lib.ucxcomm_status_string(status)).decode()
+    name, exc = _by_status.get(status, (f"ucs_status_t {status}", UcxCommError))
+    return _make(exc, name, text, peer, what)
+
+
+def _status_name(exc: BaseException) -> str:
+    """``UCXConnectionResetError`` -> ``UCS_ERR_CONNECTION_RESET`` (ucxx names its
+    exceptions after UCX's statuses)."""
+    name = type(exc).__name__
+    name = re.sub(r"^UCXX?", "", name)
+    name = re.sub(r"Error$", "", name)
+    name = {"Canceled": "CANCELED", "MsgTruncated": "MESSAGE_TRUNCATED",
+            "IO": "IO_ERROR"}.get(name) or re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper()
+    return "UCS_ERR_" + name
+
+
+def translate_error(exc: BaseException, peer: Any = None,
+                    what: str = "operation") -> UcxCommError:
+    """The ucxcomm exception for a ucxx exception (callers ``raise ... from exc``)."""
+    if _lib is not None and isinstance(exc, _lib.UCXCloseError):
+        return ClosedError(f"{what}: closed ({exc})")
+    name = _status_name(exc)
+    found = STATUS_ERRORS.get(name)
+    if found is None:
+        return UcxCommError(f"{what} failed: {exc}")
+    return _make(found, name, str(exc), peer, what)
+
+
+def ucx_errors() -> tuple[type[BaseException], ...]:
+    """The exception classes ucxx raises (for ``except``; empty before :func:`load`)."""
+    return (_lib.UCXError,) if _lib is not None else ()
+
+
+def _call(fn: Callable[..., Any], *args: Any, peer: Any = None, what: str) -> Any:
+    """Call into ucxx, translating its exceptions."""
+    try:
+        return fn(*args)
+    except ucx_errors() as exc:
+        raise translate_error(exc, peer, what) from exc
+
+
+# ------------------------------------------------------------------ objects
 def create_context(config: dict[str, str] | None = None) -> Any:
     """A UCP context with TAG, STREAM, RMA, AMO32, AMO64, AM and WAKEUP features."""
     ucxx = load()
     f = ucxx.Feature
     features = (f.TAG, f.STREAM, f.RMA, f.AMO32, f.AMO64, f.AM, f.WAKEUP)
-    try:
-        return ucxx.UCXContext(dict(config or {}), feature_flags=features)
-    except ucxx.UCXError as exc:
-        raise translate_error(exc) from exc
+    return _call(lambda: ucxx.UCXContext(dict(config or {}), feature_flags=features),
+                 what="creating the UCX context")
 
 
 def create_worker(context: Any) -> Any:
     """A worker whose requests we poll ourselves (no ucxx notifier thread)."""
     ucxx = load()
-    worker = ucxx.UCXWorker(context, enable_delayed_submission=False,
-                            enable_python_future=False)
-    worker.init_blocking_progress_mode()
-    return worker
+
+    def make() -> Any:
+        worker = ucxx.UCXWorker(context, enable_delayed_submission=False,
+                                enable_python_future=False)
+        worker.init_blocking_progress_mode()
+        return worker
+
+    return _call(make, what="creating the UCX worker")
 
 
-def status_error(status: int, peer: Any = None, what: str = "operation") -> UcxCommError:
-    """Map a negative ``ucs_status_t`` to the ucxcomm hierarchy."""
-    c = lib
-    text = ffi.string(c.ucs_status_string(status)).decode()
-    if status == c.UCS_ERR_MESSAGE_TRUNCATED:
-        return TruncationError(f"{what}: message truncated ({text})")
-    if status == c.UCS_ERR_CANCELED:
-        return ClosedError(f"{what} canceled ({text})")
-    if status in (c.UCS_ERR_CONNECTION_RESET, c.UCS_ERR_ENDPOINT_TIMEOUT,
-                  c.UCS_ERR_UNREACHABLE, c.UCS_ERR_NOT_CONNECTED, c.UCS_ERR_REJECTED,
-                  c.UCS_ERR_IO_ERROR, c.UCS_ERR_TIMED_OUT, c.UCS_ERR_SHMEM_SEGMENT):
-        # (a shared-memory segment error: the peer that owned it is gone)
-        return PeerFailure(f"{what}: peer {peer} failed ({text})", peer=peer)
-    return UcxCommError(f"{what} failed: {text} (ucs_status_t {status})")
-
-
-def make_tag(value: int) -> Any:
-    return _lib.UCXXTag(value)
-
-
-def make_tag_mask(value: int) -> Any:
-    return _lib.UCXXTagMask(value)
-
-
-def create_listener(worker: Any, port: int, callback: Any) -> Any:
+def create_listener(worker: Any, port: int, callback: Callable[[Any], None]) -> Any:
     """A UCX listener on ``port`` (0: any); ``callback(conn_request)`` runs during
     worker progress."""
     ucxx = load()
+    return _call(ucxx.UCXListener.create, worker, port, callback, what=f"listening on {port}")
+
+
+def endpoint_from_address(worker: Any, address: bytes) -> Any:
+    """A UCX endpoint to the worker at ``address``, without UCX peer error handling."""
+    ucxx = load()
+    return _call(lambda: worker.create_endpoint_from_worker_address(
+        ucxx.UCXAddress.create_from_buffer(address), False), what="connecting")
+
+
+def endpoint_from_host(worker: Any, host: str, port: int) -> Any:
+    """A UCX endpoint to a listener at ``host:port``, with UCX peer error handling."""
+    return _call(worker.create_endpoint_from_hostname, host, port, True,
+                 what=f"connecting to {host}:{port}")
+
+
+def endpoint_from_conn_request(listener: Any, conn_request: Any) -> Any:
+    """The endpoint of an incoming connection, with UCX peer error handling."""
+    return _call(listener.create_endpoint_from_conn_request, conn_request, True,
+                 what="accepting a connection")
+
+
+def close_endpoint(ucx_ep: Any) -> None:
+    """Close a ucxx endpoint unless UCX already failed it (ucxx crashes closing those)."""
     try:
-        return ucxx.UCXListener.create(worker, port, callback)
-    except ucxx.UCXError as exc:
-        raise translate_error(exc) from exc
-
-
-def address_from_bytes(data: bytes) -> Any:
-    return _lib.UCXAddress.create_from_buffer(data)
+        if ucx_ep.alive:
+            ucx_ep.close()
+    except ucx_errors():  # pragma: no cover - UCX tore it down meanwhile
+        log.debug("closing an endpoint UCX already closed", exc_info=True)
 
 
 def endpoint_transports(ep_handle: int) -> list[tuple[str, str]]:
     """The (transport, device) lanes UCX chose for an endpoint (``ucp_ep_query``)."""
     load()
-    out = _ucp.ffi.new("char[]", 4096)
-    status = _ucp.lib.ucxcomm_ep_transports(ep_handle, out, 4096)
+    out = ffi.new("char[]", 4096)
+    status = lib.ucxcomm_ep_transports(ep_handle, out, 4096)
     if status != 0:
-        msg = _ucp.ffi.string(_ucp.lib.ucs_status_string(status)).decode()
-        raise UcxCommError(f"ucp_ep_query failed: {msg}")
-    text = _ucp.ffi.string(out).decode()
+        raise status_error(status, what="ucp_ep_query")
     lanes = []
-    for item in filter(None, text.split(";")):
+    for item in filter(None, ffi.string(out).decode().split(";")):
         tl, _, dev = item.partition("/")
         lanes.append((tl, dev))
     return lanes
-
-
-def is_canceled(exc: BaseException) -> bool:
-    return _lib is not None and isinstance(exc, (_lib.UCXCanceled, _lib.UCXCanceledError))
-
-
-def is_ucx_error(exc: BaseException) -> bool:
-    return _lib is not None and isinstance(exc, _lib.UCXError)
-
-
-def translate_error(exc: BaseException, peer: Any = None) -> UcxCommError:
-    """Map a ucxx exception to the ucxcomm hierarchy (callers ``raise ... from exc``)."""
-    lib = _lib
-    if lib is None or not isinstance(exc, lib.UCXError):
-        return UcxCommError(str(exc))
-    if isinstance(exc, (lib.UCXMsgTruncated, lib.UCXMessageTruncatedError)):
-        return TruncationError(f"message truncated: {exc}")
-    if isinstance(exc, (lib.UCXCanceled, lib.UCXCanceledError, lib.UCXCloseError)):
-        return ClosedError(f"operation canceled by close: {exc}")
-    peer_errors = (
-        lib.UCXConnectionResetError, lib.UCXEndpointTimeoutError, lib.UCXUnreachableError,
-        lib.UCXNotConnectedError, lib.UCXRejectedError, lib.UCXIOError, lib.UCXTimedOutError,
-    )
-    if isinstance(exc, peer_errors):
-        return PeerFailure(f"peer {peer} failed: {exc}", peer=peer)
-    return UcxCommError(f"UCX error: {exc}")

@@ -25,7 +25,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, TypeAlias
 
-__all__ = ["Link", "Peers", "RecvResult", "Region", "Remote", "Target", "Transport"]
+__all__ = ["FULL_MASK", "Link", "Peers", "RecvResult", "Region", "Remote", "Target",
+           "Transport"]
+
+#: A tag mask that matches every bit (a receive for exactly one tag).
+FULL_MASK = (1 << 64) - 1
 
 #: A validated buffer ready for UCX: ``(pointer, nbytes, keepalive, device)``, made by
 #: :meth:`Transport.send_ptr` / :meth:`Transport.recv_ptr` (a plain tuple: it is made
@@ -113,6 +117,28 @@ class Remote(ABC):
     async def atomic_many(self, op: str, values: Iterable[Any], offset: int, dtype: Any,
                           fetch: bool = False) -> list[int] | None:
         """``op`` on consecutive integers from ``offset``, all in flight together."""
+
+    # Conveniences over atomic() (DESIGN: ``old = await remote.fetch_add(v, offset)``).
+    async def fetch_add(self, value: Any, offset: int = 0, dtype: Any = "uint64") -> Any:
+        """Add ``value``; returns the previous value."""
+        return await self.atomic("add", value, offset, dtype)
+
+    async def add(self, value: Any, offset: int = 0, dtype: Any = "uint64") -> None:
+        """Add ``value`` (no result)."""
+        await self.atomic("add", value, offset, dtype, fetch=False)
+
+    async def swap(self, value: Any, offset: int = 0, dtype: Any = "uint64") -> Any:
+        """Store ``value``; returns the previous value."""
+        return await self.atomic("swap", value, offset, dtype)
+
+    async def compare_swap(self, compare: Any, value: Any, offset: int = 0,
+                           dtype: Any = "uint64") -> Any:
+        """Store ``value`` if the target holds ``compare``; returns the previous value."""
+        return await self.atomic("cswap", value, offset, dtype, compare=compare)
+
+    @abstractmethod
+    def transports(self) -> list[tuple[str, str]]:
+        """The (transport, device) lanes that reach this memory."""
 
     @abstractmethod
     def close(self) -> None:

@@ -1,9 +1,12 @@
 """Transport policy: RDMA when present, hardware tag matching when capable, TCP otherwise.
 
-Pure Python (no UCX import): detection reads sysfs and the loaded UCX's module
-directory; :func:`plan` turns a :class:`Policy` and a :class:`Detection` into the UCX
-context options and environment variables to use, with a reason for every choice. The
-worker applies the plan before it creates the UCX context; ``ucxcomm info`` prints it.
+Detection reads sysfs and the loaded UCX's module directory; :func:`plan` (pure, tested on
+recorded listings) turns a :class:`Policy` and a :class:`Detection` into the UCX context
+options and environment variables to use, with a reason for every choice; only
+:func:`prepare` loads UCX (to learn which libucp is in use). A
+:class:`~ucxcomm.transport.worker.Worker` builds both of its UCX contexts (tag messages
+and RMA) from the plan's options, and enforces it on every new endpoint
+(:func:`check_lanes`); ``ucxcomm info`` prints it.
 
 Precedence: explicit ``init(transport=..., tag_offload=..., devices=...)`` arguments,
 then ``UCXCOMM_TRANSPORT`` / ``UCXCOMM_TAG_OFFLOAD`` / ``UCXCOMM_DEVICES``, then
@@ -20,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import settings
 from ..errors import PeerFailure, UnsupportedError
 
 __all__ = ["Detection", "Plan", "Policy", "RdmaPort", "check_lanes", "detect", "lane_kind",
@@ -213,54 +217,41 @@ def detect(libucp: str, sysfs: str = "/sys/class/infiniband") -> Detection:
 
 
 # ------------------------------------------------------------------ policy
-def _bool_or_auto(value: Any, what: str) -> Any:
-    if value is None or value == "auto":
-        return "auto"
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "y", "yes", "true", "on"):
-        return True
-    if text in ("0", "n", "no", "false", "off"):
-        return False
-    raise ValueError(f"{what} must be 'auto', True or False, got {value!r}")
-
-
-def _int(value: Any, what: str) -> int | None:
-    if value is None or value == "":
-        return None
-    try:
-        out = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be an integer number of bytes, got {value!r}") from None
-    if out < 0:
-        raise ValueError(f"{what} must be >= 0, got {out}")
-    return out
-
-
 def policy_from(transport: str | None = None, tag_offload: Any = None,
                 devices: Any = None, env: Mapping[str, str] | None = None) -> Policy:
-    """The policy from explicit arguments, else ``UCXCOMM_*`` variables, else auto.
+    """The policy from explicit arguments, else ``UCXCOMM_*`` variables
+    (:mod:`ucxcomm.settings`), else auto.
 
     Raises
     ------
     ValueError
         An unknown transport or a malformed value (argument or variable).
     """
-    env = os.environ if env is None else env
-    t = transport if transport is not None else env.get("UCXCOMM_TRANSPORT", "auto")
-    t = str(t).strip().lower()
-    if t not in TRANSPORTS:
-        raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {t!r}")
-    tm = _bool_or_auto(tag_offload if tag_offload is not None
-                       else env.get("UCXCOMM_TAG_OFFLOAD"), "tag_offload")
-    devs = devices if devices is not None else env.get("UCXCOMM_DEVICES")
-    if isinstance(devs, str):
-        devs = [d.strip() for d in devs.split(",") if d.strip()] or None
-    elif devs is not None:
-        devs = [str(d) for d in devs] or None
-    return Policy(t, tm, devs, _int(env.get("UCXCOMM_TM_THRESH"), "UCXCOMM_TM_THRESH"),
-                  _int(env.get("UCXCOMM_TM_MAX_BB_SIZE"), "UCXCOMM_TM_MAX_BB_SIZE"))
+    if transport is None:
+        t = settings.get("UCXCOMM_TRANSPORT", env)
+    else:
+        t = str(transport).strip().lower()
+        if t not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, "
+                             f"got {transport!r}")
+    if tag_offload is None:
+        tm = settings.get("UCXCOMM_TAG_OFFLOAD", env)
+    elif isinstance(tag_offload, bool) or tag_offload == "auto":
+        tm = tag_offload
+    else:
+        try:
+            tm = settings.SETTINGS["UCXCOMM_TAG_OFFLOAD"].parse(str(tag_offload))
+        except ValueError:
+            raise ValueError(f"tag_offload must be 'auto', True or False, got "
+                             f"{tag_offload!r}") from None
+    if devices is None:
+        devs = settings.get("UCXCOMM_DEVICES", env)
+    elif isinstance(devices, str):
+        devs = [d.strip() for d in devices.split(",") if d.strip()] or None
+    else:
+        devs = [str(d) for d in devices] or None
+    return Policy(t, tm, devs, settings.get("UCXCOMM_TM_THRESH", env),
+                  settings.get("UCXCOMM_TM_MAX_BB_SIZE", env))
 
 
 def plan(policy: Policy, det: Detection, env: Mapping[str, str] | None = None) -> Plan:

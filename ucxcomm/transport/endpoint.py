@@ -3,23 +3,49 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from .._serialize import decode_header, encode, loads
 from ..errors import ClosedError, TruncationError
 from . import _ucx
-from .base import Link
-from .worker import FAST_SEND_TRANSPORTS, FULL_MASK
+from .base import FULL_MASK, Link, Peers, RecvResult, Remote, Target
 
-if TYPE_CHECKING:
-    from .worker import Worker
-
-__all__ = ["USER_TAG_MAX", "Endpoint"]
+__all__ = ["FAST_SEND_TRANSPORTS", "USER_TAG_MAX", "Endpoint"]
 
 #: Largest user tag on a connected endpoint; tags from 2**31 up are ucxcomm's own.
 USER_TAG_MAX = (1 << 31) - 1
 _OBJ_TAG = 1 << 31  # first message of an object; its frames follow on _OBJ_TAG + 1 + seq
 _FRAME_SEQS = (1 << 31) - 1
+#: Transports on which fast-completion sends help (measured on sysv/posix + cma; see
+#: Worker.send_raw for the size limit).
+FAST_SEND_TRANSPORTS = frozenset({"self", "sysv", "posix", "xpmem", "knem", "cma"})
+
+
+class _Owner(Protocol):
+    """What an endpoint needs from the worker that created it (the Worker)."""
+
+    @property
+    def closed(self) -> bool: ...
+    def send(self, ep_handle: int, obj: Any, tag: int, peers: Peers,
+             fast: bool = False) -> asyncio.Future | None: ...
+    def send_raw(self, ep_handle: int, target: Target, tag: int, peers: Peers,
+                 fast: bool = False) -> asyncio.Future | None: ...
+    def send_ptr(self, obj: Any) -> Target: ...
+    def recv_ptr(self, obj: Any) -> Target: ...
+    def recv_into(self, target: Target, tag: int, mask: int, peers: Peers,
+                  finish: Callable[[RecvResult], Any] | None = None,
+                  spin: bool = False) -> RecvResult | asyncio.Future: ...
+    def recv_alloc(self, tag: int, mask: int, peers: Peers,
+                   spin: bool = False) -> RecvResult | asyncio.Future: ...
+    def tag_recv(self, target: Target, tag: int, mask: int,
+                 peers: Peers = None) -> asyncio.Future | None: ...
+    async def complete(self, fut: asyncio.Future) -> Any: ...
+    def wake(self) -> None: ...
+    def fail_peer(self, peer: Any, exc: BaseException | None = None,
+                  grace: float | None = None) -> None: ...
+    def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote: ...
+    async def drain(self, peers: Peers, timeout: float) -> None: ...
 
 
 class Endpoint(Link):
@@ -32,7 +58,7 @@ class Endpoint(Link):
     __slots__ = ("_closed", "_ep", "_fast", "_frame_seq", "_handle", "_peers", "_recv_ns",
                  "_send_ns", "_worker", "peer")
 
-    def __init__(self, worker: Worker, ucx_ep: Any, peer: Any = None) -> None:
+    def __init__(self, worker: _Owner, ucx_ep: Any, peer: Any = None) -> None:
         self._worker = worker
         self._ep = ucx_ep
         self._handle = ucx_ep.handle
@@ -71,7 +97,7 @@ class Endpoint(Link):
             raise ClosedError("the endpoint is closed")
         return self._worker.send_raw(self._handle, target, tag, self._peers, self._fast)
 
-    def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Any:
+    def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:
         """The peer's registered memory (``rkey``, ``address`` and ``nbytes`` from its
         ``worker.register(buf)``): a :class:`~ucxcomm.transport.rma.RemoteMemory` with
         ``put``, ``get``, ``flush`` and atomics (``fetch_add``, ``compare_swap``...)."""
@@ -202,12 +228,21 @@ class Endpoint(Link):
         if self.peer is not None and not self._worker.closed:
             self._worker.fail_peer(self.peer, ClosedError("the endpoint was closed"),
                                    grace=0.0)
-        try:
-            # ucxx crashes closing an endpoint UCX already failed: only close live ones.
-            if self._ep.alive:
-                self._ep.close()
-        except Exception:  # pragma: no cover - UCX already tore it down
-            pass
+        _ucx.close_endpoint(self._ep)
 
-    async def close(self) -> None:
-        self.abort()
+    async def close(self, timeout: float = 1.0) -> None:
+        """Let sends in flight on this endpoint finish (at most ``timeout`` seconds),
+        then :meth:`abort`. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._peers is not None and not self._worker.closed:
+                await self._worker.drain(self._peers, timeout)
+        finally:
+            self.abort()
+
+    async def __aenter__(self) -> Endpoint:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -47,7 +47,7 @@ async def collect(policy: tconfig.Policy | None = None) -> dict[str, Any]:
     libucp = _ucx.libucp_path()
     det = tconfig.detect(libucp)
     plan = tconfig.prepare(policy)
-    worker = Worker(plan.config)
+    worker = Worker(plan=plan)
     try:
         ep = worker.connect(worker.address)
         lanes = [f"{tl}/{dev}" for tl, dev in ep.transports()]

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import ClosedError, CommTimeoutError, PeerFailure
+from . import _ucx
 from .endpoint import Endpoint
 from .worker import Worker
 
@@ -54,8 +55,7 @@ def _new_namespace(worker: Worker) -> int:
 
 async def _handshake(worker: Worker, ucx_ep: Any, timeout: float | None) -> Endpoint:
     label = ("connection", next(_conn_ids))
-    ep = Endpoint(worker, ucx_ep, peer=label)
-    worker.endpoints.append(ep)
+    ep = worker.adopt(ucx_ep, label)
 
     def closed_by_peer() -> None:
         if not ep.closed:
@@ -91,8 +91,8 @@ async def _handshake(worker: Worker, ucx_ep: Any, timeout: float | None) -> Endp
 class Listener:
     """Accepts connections and runs ``handler(endpoint)`` for each, as a task.
 
-    Use :func:`listen` to create one. ``port`` is the bound port; ``close()`` stops
-    accepting (established connections stay open).
+    Use :func:`listen` to create one. ``port`` is the bound port; ``await close()``
+    (or leaving ``async with``) stops accepting: established connections stay open.
     """
 
     def __init__(self, worker: Worker, handler: Callable[[Endpoint], Awaitable[Any]],
@@ -103,15 +103,17 @@ class Listener:
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self._ucx = worker.listen(port, self._on_connection)
+        self._port, self._ip = int(self._ucx.port), str(self._ucx.ip)
         worker.wake()
 
     @property
     def port(self) -> int:
-        return int(self._ucx.port)
+        """The bound port."""
+        return self._port
 
     @property
     def ip(self) -> str:
-        return str(self._ucx.ip)
+        return self._ip
 
     def _on_connection(self, conn_request: int) -> None:
         # Runs inside ucp_worker_progress: only schedule work here.
@@ -123,7 +125,7 @@ class Listener:
 
     async def _accept(self, conn_request: int) -> None:
         try:
-            ucx_ep = self._ucx.create_endpoint_from_conn_request(conn_request, True)
+            ucx_ep = _ucx.endpoint_from_conn_request(self._ucx, conn_request)
             ep = await _handshake(self._worker, ucx_ep, self._timeout)
         except Exception:
             log.exception("listener: accepting a connection failed")
@@ -133,16 +135,21 @@ class Listener:
         except Exception:
             log.exception("listener: the connection handler raised")
 
-    def close(self) -> None:
-        """Stop accepting new connections (idempotent)."""
+    def abort(self) -> None:
+        """Stop accepting new connections at once (idempotent)."""
         self._closed = True
         self._ucx = None
+
+    async def close(self) -> None:
+        """Stop accepting new connections (idempotent); connections being accepted
+        finish their handshake."""
+        self.abort()
 
     async def __aenter__(self) -> Listener:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        await self.close()
 
 
 async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *,

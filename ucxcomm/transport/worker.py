@@ -1,72 +1,62 @@
-"""``Worker``: one UCX worker per process, progressed on the asyncio event loop.
+"""``Worker``: one process's UCX worker (tag messages and, through its RMA engines,
+one-sided operations), driven by the running asyncio loop.
 
-Progress model (measured choices, see docs/design.md):
-
-* The tag hot path (send, receive, probe, request test) calls UCP directly through the
-  cffi extension on the ucxx-owned worker and endpoint handles: ucxx's Python request
-  objects cost 4-8 us each, a cffi call well under 1 us.
-* A task awaiting an operation (:meth:`Worker.complete`) progresses the worker itself,
-  in bursts, yielding to the event loop only when other callbacks are ready: a reply
-  that arrives within ``spin_us`` completes without a single event-loop round trip.
-* Otherwise the progress task spins: ``ucp_worker_progress`` then polls every pending
-  operation, yielding to the event loop whenever something completed or another task
-  is ready. After ``spin_us`` without a completion it drains the worker, arms it and
-  sleeps on its epoll descriptor (``loop.add_reader``): an idle rank blocked in
-  ``recv`` uses no CPU.
-* Completions resolve asyncio futures on the loop thread: no notifier thread.
-
-Receives that must report sender and size use a *matched probe*: probe with removal,
-then receive the message by handle into a buffer chosen once its size is known, so a
-message of unknown size is received exactly once. Pending probes are polled in posting
-order, which gives MPI's matching order.
+* The tag path (send, receive, probe, request test) calls UCP directly through the cffi
+  extension on the ucxx-owned worker and endpoint handles: ucxx's Python request objects
+  cost 4-8 us each, a cffi call well under 1 us.
+* The worker is a progress source (:mod:`ucxcomm.transport.progress` spins, arms and
+  sleeps for it): pending operations live in two tables, posted UCP requests
+  (``_reqs``, order irrelevant) and matched-probe receives (``_probes``, in posting
+  order, which gives MPI's matching order); :meth:`Worker.poll` tests them all and
+  resolves asyncio futures on the loop thread: no notifier thread.
+* Receives that must report sender and size use a *matched probe*: probe with removal,
+  then receive the message by handle into a buffer chosen once its size is known, so a
+  message of unknown size is received exactly once.
+* Both UCX contexts (tags here, RMA in :mod:`ucxcomm.transport.rma`) are built from the
+  same options: the transport plan (:mod:`ucxcomm.transport.config`) plus the user's
+  ``ucx_config``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as _np
 
-from .._buffers import BufferSpec, as_recv_buffer, as_send_buffer
-from ..errors import ClosedError, PeerFailure, UnsupportedError
+from .. import settings
+from ..errors import ClosedError, PeerFailure
 from . import _ucx
-from .base import Transport
-from .config import Plan, check_lanes
+from ._target import subtarget, target
+from .base import FULL_MASK, Link, Peers, Region, Remote, Target, Transport
+from .config import Plan, check_lanes, policy_from, prepare
+from .endpoint import Endpoint
+from .progress import Progress
+from .rma import RmaEngines
 
 __all__ = ["Worker"]
 
 log = logging.getLogger(__name__)
 
-FULL_MASK = (1 << 64) - 1
-
-#: Spin window of the progress task before it sleeps on the epoll descriptor.
-DEFAULT_SPIN_US = 200.0
-#: Fallback wake-up while sleeping: UCX may not always signal the descriptor
-#: (ucxx's BlockingMode guards against the same thing).
-IDLE_WAKE_S = 0.05
 # Large buffers from glibc's brk heap move 3-4x slower through UCX's CMA rendezvous than
 # mmap'ed ones (8 MiB exchange: 7.7 vs 2.0 ms here), and glibc moves large allocations to
 # the heap once a large block has been freed (its dynamic mmap threshold). Pinning the
-# threshold keeps every buffer of this size or more mmap'ed. UCXCOMM_MMAP_THRESHOLD=0
-# leaves malloc alone.
-DEFAULT_MMAP_THRESHOLD = 1 << 20
+# threshold (UCXCOMM_MMAP_THRESHOLD, default 1 MiB) keeps every buffer of this size or
+# more mmap'ed; 0 leaves malloc alone.
 _malloc_tuned = False
-_sched_yield = getattr(os, "sched_yield", lambda: None)
 
 
 def pin_mmap_threshold() -> int | None:
-    """Fix glibc's mmap threshold (once per process; see DEFAULT_MMAP_THRESHOLD).
-    Returns the threshold set, or None when left alone (not glibc, or disabled)."""
+    """Fix glibc's mmap threshold (once per process; see above). Returns the threshold
+    set, or None when left alone (not glibc, or disabled)."""
     global _malloc_tuned
     if _malloc_tuned:
         return None
     _malloc_tuned = True
-    value = int(os.environ.get("UCXCOMM_MMAP_THRESHOLD", DEFAULT_MMAP_THRESHOLD))
+    value = settings.get("UCXCOMM_MMAP_THRESHOLD")
     if value <= 0:
         return None
     try:
@@ -81,16 +71,14 @@ def pin_mmap_threshold() -> int | None:
         return None
     log.debug("glibc mmap threshold pinned to %d bytes", value)
     return value
+
+
 #: After a peer is declared dead, what already arrived from it is still delivered for
 #: this long before its pending operations fail.
 PEER_GRACE_S = 0.05
 #: Fast-completion sends only below this size: above it UCX uses rendezvous either way,
 #: and over TCP the fast-completion variant cut 64 MiB bandwidth from ~2.2 to 0.7 GB/s.
 FAST_SEND_MAX = 256 * 1024
-#: Transports on which fast-completion sends help (measured on sysv/posix + cma).
-FAST_SEND_TRANSPORTS = frozenset({"self", "sysv", "posix", "xpmem", "knem", "cma"})
-#: Longest stretch the progress task spins without yielding to the event loop.
-BURST_S = 20e-6
 
 
 class _Op:
@@ -117,7 +105,7 @@ class _Op:
     settled: asyncio.Future | None = None
     finish: Callable[[Any], Any] | None = None  # maps the result before it is delivered
 
-    def __init__(self, future: asyncio.Future | None, peers: frozenset | None) -> None:
+    def __init__(self, future: asyncio.Future | None, peers: Peers) -> None:
         self.future: Any = future  # None only until _post_match decides
         self.peers = peers
 
@@ -128,32 +116,41 @@ class _Op:
 
 
 class Worker(Transport):
-    """A UCX context + worker driven by the running asyncio loop.
+    """A UCX context + worker driven by the running asyncio loop (see the module doc).
 
     Parameters
     ----------
     config : dict, optional
-        UCX options for the context (``{"TLS": "tcp,self"}``); ``UCX_*`` environment
-        variables still apply.
+        UCX options for the contexts (``{"TLS": "tcp,self"}``), over the plan's;
+        ``UCX_*`` environment variables the plan did not override still apply.
     spin_us : float, optional
         How long an awaiter (then the progress task) spins while operations are pending
         before the worker is armed and the process sleeps on its epoll descriptor
         (``UCXCOMM_SPIN_US``, default 200; 0 never spins).
+    plan : Plan, optional
+        The transport plan (``ucxcomm.init`` makes one from its arguments); default: the
+        plan of the ``UCXCOMM_*`` variables.
 
     Raises
     ------
     RuntimeError
         No running event loop.
+    UnsupportedError
+        The default plan cannot be met (``UCXCOMM_TRANSPORT=rdma`` without RDMA...).
     UcxCommError
         UCX could not create the context or worker.
     """
 
+    #: A progress source watched even when nothing is posted (incoming connections).
+    watch_idle = True
+
     def __init__(self, config: dict[str, str] | None = None, *,
                  spin_us: float | None = None, plan: Plan | None = None) -> None:
         self._loop = asyncio.get_running_loop()
-        self._plan = plan
+        self._plan = plan if plan is not None else prepare(policy_from())
+        self.options = {**self._plan.config, **(config or {})}
         pin_mmap_threshold()
-        self._context = _ucx.create_context(config)
+        self._context = _ucx.create_context(self.options)
         self._worker = _ucx.create_worker(self._context)
         self._wh = self._worker.handle
         self._fd = self._worker.epoll_file_descriptor
@@ -164,18 +161,17 @@ class Worker(Transport):
         self._tag_out = self._ffi.new("uint64_t[1]")
         self._len_out = self._ffi.new("size_t[1]")
         if spin_us is None:
-            spin_us = float(os.environ.get("UCXCOMM_SPIN_US", DEFAULT_SPIN_US))
-        self._spin_s = spin_us * 1e-6
+            spin_us = settings.get("UCXCOMM_SPIN_US")
         self._reqs: list[_Op] = []  # UCP requests in flight (order irrelevant)
         self._probes: list[_Op] = []  # matched-probe receives, in posting order
         self._graveyard: list[Any] = []  # memory of abandoned operations
         self._dead: dict[Any, tuple[float, BaseException]] = {}
-        self._sleeper: asyncio.Future | None = None
-        self._spinners = 0  # tasks progressing the worker inside complete()
         self._closed = False
         self._cuda = bool(self._context.cuda_support)
-        self._task = self._loop.create_task(self._progress_loop(), name="ucxcomm-progress")
-        self.endpoints: list[Any] = []
+        self._progress = Progress(self._loop, spin_us * 1e-6, on_cancel=self.abort)
+        self._progress.add(self)
+        self._rma = RmaEngines(self.options, self._plan.rdma, self._progress, self._loop)
+        self.endpoints: list[Endpoint] = []
 
     # ------------------------------------------------------------------ info
     @property
@@ -191,29 +187,43 @@ class Worker(Transport):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def plan(self) -> Plan:
+        """The transport plan this worker's contexts were built from."""
+        return self._plan
+
     def info(self) -> str:
         return str(self._worker.info)
 
     # ------------------------------------------------------------------ RMA
-    def register(self, buf: Any) -> Any:
+    def register(self, buf: Any) -> Region:
         """Register ``buf`` for one-sided access by peers: a
-        :class:`~ucxcomm.transport.rma.MemoryRegion` whose ``rkey`` (bytes) and
-        ``address`` a peer passes to ``ep.remote_memory``. One-sided operations run on
-        this process's RMA engine (see :mod:`ucxcomm.transport.rma`)."""
+        :class:`~ucxcomm.transport.rma.MemoryRegion` whose ``rkey`` (bytes), ``address``
+        and ``nbytes`` a peer passes to :meth:`remote_memory` (or ``ep.remote_memory``).
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``buf`` is not a contiguous writable buffer.
+        ClosedError
+        """
         self._check_open()
-        from .rma import register
+        return self._rma.register(buf)
 
-        return register(buf)
+    def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:
+        """A peer's registered memory: a :class:`~ucxcomm.transport.rma.RemoteMemory`.
 
-    def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Any:
-        """A peer's registered memory (its region's ``rkey``, ``address``, ``nbytes``)."""
+        Raises
+        ------
+        ValueError
+            ``rkey`` is not a ucxcomm remote key.
+        ClosedError
+        """
         self._check_open()
-        from .rma import RemoteMemory
-
-        return RemoteMemory(rkey, address, nbytes)
+        return self._rma.remote(rkey, address, nbytes)
 
     # ------------------------------------------------------------ endpoints
-    def listen(self, port: int, callback: Callable[[int], None]) -> Any:
+    def listen(self, port: int, callback: Callable[[Any], None]) -> Any:
         """A UCX listener; ``callback(conn_request)`` runs during progress (see
         :mod:`ucxcomm.transport.listener` for the public API)."""
         self._check_open()
@@ -222,26 +232,30 @@ class Worker(Transport):
     def connect_sockaddr(self, host: str, port: int) -> Any:
         """A raw UCX endpoint to a listener at ``host:port`` (with UCX error handling)."""
         self._check_open()
-        try:
-            return self._worker.create_endpoint_from_hostname(host, port, True)
-        except Exception as exc:
-            if _ucx.is_ucx_error(exc):
-                raise _ucx.translate_error(exc) from exc
-            raise
+        return _ucx.endpoint_from_host(self._worker, host, port)
 
-    def connect(self, address: bytes, peer: Any = None) -> Any:
-        """An :class:`Endpoint` to the worker whose address is ``address``.
+    def adopt(self, ucx_ep: Any, peer: Any) -> Endpoint:
+        """An :class:`Endpoint` around a raw UCX endpoint of this worker."""
+        ep = Endpoint(self, ucx_ep, peer)
+        self.endpoints.append(ep)
+        return ep
+
+    def connect(self, address: bytes, peer: Any = None) -> Link:
+        """An :class:`Endpoint` to the worker whose address is ``address``; the plan is
+        enforced on the lanes UCX chose (:func:`~ucxcomm.transport.config.check_lanes`).
 
         UCX peer error handling is deliberately off: it pins endpoints to TCP and loses
         shared memory/CMA; dead peers are detected out of band (:meth:`fail_peer`).
-        """
-        from .endpoint import Endpoint
 
+        Raises
+        ------
+        PeerFailure
+            ``transport="rdma"`` and the peer is reachable only without RDMA.
+        ClosedError
+        """
         self._check_open()
-        ucx_ep = self._worker.create_endpoint_from_worker_address(
-            _ucx.address_from_bytes(address), False)
-        ep = Endpoint(self, ucx_ep, peer)
-        if self._plan is not None and peer is not None:
+        ep = Endpoint(self, _ucx.endpoint_from_address(self._worker, address), peer)
+        if peer is not None:
             try:
                 check_lanes(self._plan, peer, ep.transports())
             except BaseException:
@@ -255,18 +269,7 @@ class Worker(Transport):
         if self._closed:
             raise ClosedError("the worker is closed")
 
-    def _spec_ptr(self, spec: BufferSpec, writable: bool) -> tuple[Any, int, Any, bool]:
-        if spec.device:
-            if not self._cuda:
-                raise UnsupportedError(
-                    "a GPU buffer was given but this UCX has no CUDA support "
-                    "(install ucxcomm[gpu] on a CUDA machine)")
-            ptr = self._ffi.cast("void *", spec.obj.__cuda_array_interface__["data"][0])
-            return ptr, spec.nbytes, spec.obj, True
-        ptr = self._ffi.from_buffer(spec.obj, require_writable=writable)
-        return ptr, spec.nbytes, (ptr, spec.obj), False
-
-    def send_ptr(self, obj: Any) -> tuple[Any, int, Any, bool]:
+    def send_ptr(self, obj: Any) -> Target:
         """``(pointer, nbytes, keepalive, device)`` of a send buffer, validated.
 
         Raises
@@ -274,31 +277,16 @@ class Worker(Transport):
         TypeError, ValueError
             Not a buffer / not contiguous. UnsupportedError: GPU memory without CUDA.
         """
-        try:  # fast path: C-contiguous host buffers (cffi checks contiguity)
-            ptr = self._ffi.from_buffer(obj)
-            return ptr, len(ptr), ptr, False
-        except (TypeError, ValueError, BufferError):
-            return self._spec_ptr(as_send_buffer(obj), False)
+        return target(obj, False, self._cuda)
 
-    def recv_ptr(self, obj: Any) -> tuple[Any, int, Any, bool]:
+    def recv_ptr(self, obj: Any) -> Target:
         """Like :meth:`send_ptr` for a receive buffer (must also be writable)."""
-        try:
-            ptr = self._ffi.from_buffer(obj, require_writable=True)
-            return ptr, len(ptr), ptr, False
-        except (TypeError, ValueError, BufferError):
-            return self._spec_ptr(as_recv_buffer(obj), True)
+        return target(obj, True, self._cuda)
 
-    def subtarget(self, target: tuple[Any, int, Any, bool], offset: int, nbytes: int
-                  ) -> tuple[Any, int, Any, bool]:
+    def subtarget(self, t: Target, offset: int, nbytes: int) -> Target:
         """Bytes ``[offset, offset + nbytes)`` of a target from :meth:`send_ptr` /
         :meth:`recv_ptr` (same memory, no copy)."""
-        ptr, size, keep, device = target
-        if offset == 0 and nbytes == size:
-            return target
-        if offset < 0 or nbytes < 0 or offset + nbytes > size:
-            raise ValueError(f"bytes [{offset}, {offset + nbytes}) are outside a "
-                             f"{size}-byte buffer")
-        return self._ffi.cast("char *", ptr) + offset, nbytes, keep, device
+        return subtarget(t, offset, nbytes)
 
     def _dead_error(self, peers: Iterable | None) -> BaseException | None:
         if not self._dead or peers is None:
@@ -316,7 +304,7 @@ class Worker(Transport):
         self._reqs.append(op)
         return op.future
 
-    def send(self, ep_handle: int, obj: Any, tag: int, peers: frozenset | None,
+    def send(self, ep_handle: int, obj: Any, tag: int, peers: Peers,
              fast: bool = False) -> asyncio.Future | None:
         """Post a tag send of buffer ``obj``; ``None`` if it completed at once, else a future.
 
@@ -325,8 +313,8 @@ class Worker(Transport):
         """
         return self.send_raw(ep_handle, self.send_ptr(obj), tag, peers, fast)
 
-    def send_raw(self, ep_handle: int, target: tuple[Any, int, Any, bool], tag: int,
-                 peers: frozenset | None, fast: bool = False) -> asyncio.Future | None:
+    def send_raw(self, ep_handle: int, target: Target, tag: int,
+                 peers: Peers, fast: bool = False) -> asyncio.Future | None:
         if self._closed:
             raise ClosedError("the worker is closed")
         if self._dead:
@@ -344,8 +332,8 @@ class Worker(Transport):
         op.req, op.keep = self._req_out[0], keep
         return self._track(op)
 
-    def tag_recv(self, target: tuple[Any, int, Any, bool], tag: int, mask: int = FULL_MASK,
-                 peers: frozenset | None = None) -> asyncio.Future | None:
+    def tag_recv(self, target: Target, tag: int, mask: int = FULL_MASK,
+                 peers: Peers = None) -> asyncio.Future | None:
         """Worker-level receive with a tag mask into ``target`` (from :meth:`recv_ptr`);
         ``None`` when it completed at once. Sender and size are not reported."""
         self._check_open()
@@ -360,23 +348,23 @@ class Worker(Transport):
         op.req, op.keep, op.is_recv = self._req_out[0], keep, True
         return self._track(op)
 
-    def stream_send(self, ep_handle: int, target: tuple[Any, int, Any, bool],
-                    peers: frozenset | None) -> asyncio.Future | None:
+    def stream_send(self, ep_handle: int, target: Target,
+                    peers: Peers) -> asyncio.Future | None:
         """Stream bytes to an endpoint (connection handshakes); None if done at once."""
         self._check_open()
         ptr, nbytes, keep, _ = target
         st = self._lib.ucxcomm_stream_send(ep_handle, ptr, nbytes, self._req_out)
         return self._stream_op(st, keep, peers, "stream send")
 
-    def stream_recv(self, ep_handle: int, target: tuple[Any, int, Any, bool],
-                    peers: frozenset | None) -> asyncio.Future | None:
+    def stream_recv(self, ep_handle: int, target: Target,
+                    peers: Peers) -> asyncio.Future | None:
         """Receive exactly ``len(target)`` stream bytes from an endpoint."""
         self._check_open()
         ptr, nbytes, keep, _ = target
         st = self._lib.ucxcomm_stream_recv(ep_handle, ptr, nbytes, self._req_out)
         return self._stream_op(st, keep, peers, "stream receive")
 
-    def _stream_op(self, st: int, keep: Any, peers: frozenset | None, what: str
+    def _stream_op(self, st: int, keep: Any, peers: Peers, what: str
                    ) -> asyncio.Future | None:
         if st == 0:
             return None
@@ -395,17 +383,17 @@ class Worker(Transport):
             return None
         return self._tag_out[0], self._len_out[0]
 
-    def probe_wait(self, tag: int, mask: int, peers: frozenset | None) -> asyncio.Future:
+    def probe_wait(self, tag: int, mask: int, peers: Peers) -> asyncio.Future:
         """Resolve to ``(sender_tag, nbytes)`` once a matching message is there (not consumed)."""
         self._check_open()
         op = _Op(self._loop.create_future(), peers)
         op.tag, op.mask, op.peek = tag, mask, True
         self._probes.append(op)
-        self._kick()
+        self._progress.kick()
         return op.future
 
-    def recv_into(self, target: tuple[Any, int, Any, bool], tag: int, mask: int,
-                  peers: frozenset | None, finish: Callable[[Any], Any] | None = None,
+    def recv_into(self, target: Target, tag: int, mask: int,
+                  peers: Peers, finish: Callable[[Any], Any] | None = None,
                   spin: bool = False) -> tuple[int, int, int] | asyncio.Future:
         """Matched-probe receive of the first message matching (tag, mask) into ``target``
         (from :meth:`recv_ptr`).
@@ -425,7 +413,7 @@ class Worker(Transport):
         op.ptr, op.cap, op.keep, op.device = target
         return self._post_match(op, spin)
 
-    def recv_alloc(self, tag: int, mask: int, peers: frozenset | None, spin: bool = False
+    def recv_alloc(self, tag: int, mask: int, peers: Peers, spin: bool = False
                    ) -> tuple[int, int, Any] | asyncio.Future:
         """Matched-probe receive into new memory of the message's size (a ``bytearray``
         below 64 KiB, else a ``numpy.uint8`` array).
@@ -451,23 +439,9 @@ class Worker(Transport):
         return op.future
 
     def _spin_match(self, op: _Op) -> bool:
-        """Progress and probe for ``op`` right here, without an event-loop round trip,
-        while nothing else is ready to run (at most ``spin_us``). Only called when no
-        earlier receive is pending, so matching order is kept."""
-        if self._spin_s <= 0 or self._closed:
-            return False
-        ready = getattr(self._loop, "_ready", None)
-        if ready is None or ready:
-            return False
-        progress, wh, now = self._lib.ucxcomm_progress, self._wh, time.perf_counter
-        end = now() + self._spin_s
-        while not ready and now() < end:
-            progress(wh)
-            if self._try_match(op):
-                return True
-            if self._reqs:
-                self._poll()  # others' requests complete meanwhile
-        return False
+        """Wait for ``op``'s message right here while the event loop is idle (only
+        called when no earlier receive is pending, so matching order is kept)."""
+        return self._progress.spin(lambda: self._try_match(op))
 
     def _result(self, op: _Op) -> Any:
         if op.alloc:
@@ -581,49 +555,24 @@ class Worker(Transport):
             if op.future is fut:
                 if op.settled is None:
                     op.settled = self._loop.create_future()
-                self._kick()
+                self._progress.kick()
                 await asyncio.shield(op.settled)
                 return
 
     async def complete(self, fut: asyncio.Future) -> Any:
-        """Await ``fut``, progressing the worker from this task while it waits.
-
-        The awaiting task spins (progress + poll) in bursts, yielding to the event loop
-        between bursts only when other callbacks are ready, so a prompt reply completes
-        without any event-loop round trip. After ``spin_us`` it hands over to the
-        progress task (which arms the worker and sleeps) and simply awaits.
-        """
+        """Await ``fut``, progressing the worker from this task while it waits
+        (:meth:`Progress.wait <ucxcomm.transport.progress.Progress.wait>`)."""
         if fut.done():
             return fut.result()
-        if self._spin_s > 0 and not self._closed:
-            progress, wh, now = self._lib.ucxcomm_progress, self._wh, time.perf_counter
-            ready = getattr(self._loop, "_ready", ())
-            self._spinners += 1
-            try:
-                end = now() + self._spin_s
-                while True:
-                    burst_end = now() + BURST_S
-                    while True:
-                        progress(wh)
-                        self._poll()
-                        if fut.done():
-                            return fut.result()
-                        if ready or now() > burst_end:
-                            break
-                    if now() > end or self._closed:
-                        break
-                    if not ready:
-                        # More ranks than cores: let the peer we wait for run.
-                        _sched_yield()
-                    await asyncio.sleep(0)
-                    if fut.done():
-                        return fut.result()
-            finally:
-                self._spinners -= 1
-                if not self._spinners and (self._reqs or self._probes):
-                    self._kick()  # others' operations are pending: hand them over
-        self._kick()
-        return await fut
+        return await self._progress.wait(fut)
+
+    async def drain(self, peers: Peers, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until no send to ``peers`` is in flight."""
+        pending = [op for op in self._reqs if not op.is_recv and op.peers == peers
+                   and op.future is not None and not op.future.done()]
+        if pending:
+            self._progress.kick()
+            await asyncio.wait([op.future for op in pending], timeout=timeout)
 
     # ----------------------------------------------------------- peer failure
     def fail_peer(self, peer: Any, exc: BaseException | None = None,
@@ -641,8 +590,8 @@ class Worker(Transport):
         if grace is None:
             grace = PEER_GRACE_S
         self._dead[peer] = (time.monotonic() + grace, exc)
-        self._loop.call_later(grace * 1.5, self._kick)
-        self._kick()
+        self._loop.call_later(grace * 1.5, self._progress.kick)
+        self._progress.kick()
 
     def is_dead(self, peer: Any) -> bool:
         return peer in self._dead
@@ -651,14 +600,33 @@ class Worker(Transport):
     def wake(self) -> None:
         """Make sure the progress task runs: call after posting operations that will
         not be awaited through :meth:`complete` right away."""
-        self._kick()
+        self._progress.kick()
 
-    def _kick(self) -> None:
-        if self._spinners:
-            return  # an awaiter is progressing the worker; it kicks when it stops
-        s = self._sleeper
-        if s is not None and not s.done():
-            s.set_result(None)
+    # A progress source (ucxcomm.transport.progress.Source):
+    def pending(self) -> bool:
+        return bool(self._reqs or self._probes)
+
+    def poll(self) -> int:
+        self._lib.ucxcomm_progress(self._wh)
+        return self._poll() if (self._reqs or self._probes) else 0
+
+    def arm(self) -> bool:
+        progress, wh = self._lib.ucxcomm_progress, self._wh
+        while progress(wh):
+            pass
+        if self._poll():
+            return False
+        armed = self._lib.ucxcomm_arm(wh)
+        if armed < 0:  # pragma: no cover - arming unsupported: sleep on the timer only
+            log.debug("ucp_worker_arm failed (%d)", armed)
+            return True
+        return armed == 1
+
+    def disarm(self) -> None:
+        pass  # UCX's arm is one-shot: progress consumes the event
+
+    def fileno(self) -> int:
+        return int(self._fd)
 
     def _poll(self) -> int:
         """Poll every pending operation once; returns how many finished."""
@@ -719,95 +687,14 @@ class Worker(Transport):
         if not op.future.done():
             op.future.set_exception(err)
 
-    async def _progress_loop(self) -> None:
-        progress, wh = self._lib.ucxcomm_progress, self._wh
-        now = time.perf_counter
-        ready = getattr(self._loop, "_ready", ())
-        try:
-            while not self._closed:
-                if self._spinners:
-                    await self._wait_kick()  # an awaiter is progressing the worker
-                    continue
-                if not (self._reqs or self._probes):
-                    await self._sleep()
-                    continue
-                deadline = now() + self._spin_s
-                while (self._reqs or self._probes) and not self._spinners:
-                    burst_end = now() + BURST_S
-                    finished = 0
-                    while True:
-                        progress(wh)
-                        n = self._poll()
-                        finished += n
-                        # Keep collecting while completions keep coming (throughput of
-                        # many small messages); yield once a round brings nothing new.
-                        if n and now() < burst_end:
-                            continue
-                        if finished or ready or now() > burst_end:
-                            break
-                    if finished:
-                        deadline = now() + self._spin_s
-                    elif now() > deadline:
-                        await self._sleep()
-                        deadline = now() + self._spin_s
-                        continue
-                    elif not ready:
-                        _sched_yield()  # more ranks than cores: let the peer run
-                    await asyncio.sleep(0)
-                # Let the woken waiters run (and post their next operation) first.
-                await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            if not self._closed:
-                # Cancelled from outside (asyncio.run tearing the loop down without our
-                # close()): release UCX resources now, while the loop still runs.
-                self.abort()
-            raise
-        except Exception:  # pragma: no cover - a bug; make it loud
-            log.exception("ucxcomm progress loop crashed")
-            self.abort()
-            raise
-
-    async def _wait_kick(self) -> None:
-        fut = self._loop.create_future()
-        self._sleeper = fut
-        handle = self._loop.call_later(IDLE_WAKE_S, _wake, fut)  # never wait unbounded
-        try:
-            await fut
-        finally:
-            self._sleeper = None
-            handle.cancel()
-
-    async def _sleep(self) -> None:
-        progress, wh = self._lib.ucxcomm_progress, self._wh
-        while progress(wh):
-            pass
-        if self._poll():
-            return
-        armed = self._lib.ucxcomm_arm(wh)
-        if armed != 1:
-            if armed < 0:  # pragma: no cover - arming is not supported: poll lazily
-                log.debug("ucp_worker_arm failed (%d)", armed)
-            else:
-                return  # events arrived meanwhile: progress again
-        loop = self._loop
-        fut = loop.create_future()
-        self._sleeper = fut
-        loop.add_reader(self._fd, _wake, fut)
-        handle = loop.call_later(IDLE_WAKE_S, _wake, fut)
-        try:
-            await fut
-        finally:
-            self._sleeper = None
-            loop.remove_reader(self._fd)
-            handle.cancel()
-
     # ---------------------------------------------------------------- close
     def abort(self) -> None:
         """Stop at once: pending operations fail with ClosedError. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._task.cancel()
+        self._progress.close()
+        self._rma.close()
         err = ClosedError("the worker was closed")
         lib = self._lib
         for op in self._reqs:
@@ -842,22 +729,19 @@ class Worker(Transport):
             return
         deadline = time.monotonic() + 1.0
         while self._reqs and time.monotonic() < deadline:
-            self._lib.ucxcomm_progress(self._wh)
-            self._poll()
+            self.poll()
             await asyncio.sleep(0)
         self.abort()
-        try:
-            await self._task
-        except (asyncio.CancelledError, Exception):
-            pass
+        await self._progress.aclose()
+
+    async def __aenter__(self) -> Worker:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
-def _wake(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _first(peers: frozenset | None) -> Any:
+def _first(peers: Peers) -> Any:
     if peers and len(peers) == 1:
         return next(iter(peers))
     return None

@@ -1,0 +1,88 @@
+/* Library facts for Python: UCX constants by name, version, library path, lanes. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ucxcomm_internal.h"
+
+#define UCXCOMM_CONST(name) {#name, (long)(name)}
+
+/* Everything Python maps or passes (ucxcomm/transport/_ucx.py reads these by name). */
+static const ucxcomm_const_t ucxcomm_const_table[] = {
+    UCXCOMM_CONST(UCS_OK),
+    UCXCOMM_CONST(UCS_ERR_CANCELED),
+    UCXCOMM_CONST(UCS_ERR_MESSAGE_TRUNCATED),
+    UCXCOMM_CONST(UCS_ERR_CONNECTION_RESET),
+    UCXCOMM_CONST(UCS_ERR_ENDPOINT_TIMEOUT),
+    UCXCOMM_CONST(UCS_ERR_UNREACHABLE),
+    UCXCOMM_CONST(UCS_ERR_NOT_CONNECTED),
+    UCXCOMM_CONST(UCS_ERR_REJECTED),
+    UCXCOMM_CONST(UCS_ERR_IO_ERROR),
+    UCXCOMM_CONST(UCS_ERR_SHMEM_SEGMENT),
+    UCXCOMM_CONST(UCS_ERR_TIMED_OUT),
+    UCXCOMM_CONST(UCS_ERR_BUFFER_TOO_SMALL),
+    UCXCOMM_CONST(UCS_ERR_NO_MEMORY),
+    UCXCOMM_CONST(UCP_ATOMIC_OP_ADD),
+    UCXCOMM_CONST(UCP_ATOMIC_OP_SWAP),
+    UCXCOMM_CONST(UCP_ATOMIC_OP_CSWAP),
+    UCXCOMM_CONST(UCP_ATOMIC_OP_AND),
+    UCXCOMM_CONST(UCP_ATOMIC_OP_OR),
+    UCXCOMM_CONST(UCP_ATOMIC_OP_XOR),
+};
+
+const ucxcomm_const_t *ucxcomm_constants(size_t *count)
+{
+    *count = sizeof(ucxcomm_const_table) / sizeof(ucxcomm_const_table[0]);
+    return ucxcomm_const_table;
+}
+
+const char *ucxcomm_status_string(int status)
+{
+    return ucs_status_string((ucs_status_t)status);
+}
+
+const char *ucxcomm_version_string(void)
+{
+    return ucp_get_version_string();
+}
+
+const char *ucxcomm_libucp_path(void)
+{
+    Dl_info info;
+    if (dladdr((void *)&ucp_get_version_string, &info) && info.dli_fname) {
+        return info.dli_fname;
+    }
+    return "";
+}
+
+int ucxcomm_ep_transports(uintptr_t ep, char *out, size_t outlen)
+{
+    ucp_transport_entry_t entries[32];
+    ucp_ep_attr_t attr;
+    size_t used = 0;
+    unsigned i;
+    ucs_status_t st;
+
+    memset(&attr, 0, sizeof(attr));
+    attr.field_mask = UCP_EP_ATTR_FIELD_TRANSPORTS;
+    attr.transports.entries = entries;
+    attr.transports.num_entries = 32;
+    attr.transports.entry_size = sizeof(ucp_transport_entry_t);
+    st = ucp_ep_query((ucp_ep_h)ep, &attr);
+    if (st != UCS_OK) {
+        return (int)st;
+    }
+    if (outlen > 0) {
+        out[0] = '\0';
+    }
+    for (i = 0; i < attr.transports.num_entries && used < outlen; ++i) {
+        int n = snprintf(out + used, outlen - used, "%s%s/%s", i ? ";" : "",
+                         entries[i].transport_name, entries[i].device_name);
+        if (n < 0) {
+            break;
+        }
+        used += (size_t)n;
+    }
+    return (int)UCS_OK;
+}

@@ -1,0 +1,124 @@
+/*
+ * The tag message path on a ucxx-owned worker and its endpoints. Requests are created
+ * without callbacks and polled with ucxcomm_test(), which frees them once complete:
+ * completions are consumed by the Python progress engine, no callback thread involved.
+ */
+#include "ucxcomm_internal.h"
+
+int ucxcomm_tag_send(uintptr_t ep, const void *buf, size_t n, uint64_t tag, int fast,
+                     void **req)
+{
+    ucp_request_param_t param;
+    /* fast: ask for fast local completion, which makes UCX pick multi-fragment eager up
+     * to 256 KiB on shared memory instead of rendezvous from ~5 KiB (the caller decides
+     * per endpoint and size; measured in docs/design.md). */
+    param.op_attr_mask = fast ? UCP_OP_ATTR_FLAG_FAST_CMPL : 0;
+    return ucxcomm_status_ptr(ucp_tag_send_nbx((ucp_ep_h)ep, buf, n, tag, &param), req);
+}
+
+int ucxcomm_tag_recv(uintptr_t worker, void *buf, size_t n, uint64_t tag, uint64_t mask,
+                     void **req, uint64_t *sender_tag, size_t *length)
+{
+    ucp_tag_recv_info_t info;
+    ucp_request_param_t param;
+    int st;
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
+    param.recv_info.tag_info = &info;
+    st = ucxcomm_status_ptr(ucp_tag_recv_nbx((ucp_worker_h)worker, buf, n, tag, mask,
+                                             &param), req);
+    if (st == UCS_OK) {
+        *sender_tag = info.sender_tag;
+        *length = info.length;
+    }
+    return st;
+}
+
+int ucxcomm_tag_probe(uintptr_t worker, uint64_t tag, uint64_t mask, int remove,
+                      void **msg, uint64_t *sender_tag, size_t *length)
+{
+    ucp_tag_recv_info_t info;
+    ucp_tag_message_h m = ucp_tag_probe_nb((ucp_worker_h)worker, tag, mask, remove, &info);
+    if (m == NULL) {
+        return 0;
+    }
+    *msg = m;
+    *sender_tag = info.sender_tag;
+    *length = info.length;
+    return 1;
+}
+
+int ucxcomm_msg_recv(uintptr_t worker, void *buf, size_t n, void *msg, void **req,
+                     uint64_t *sender_tag, size_t *length)
+{
+    ucp_tag_recv_info_t info;
+    ucp_request_param_t param;
+    int st;
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
+    param.recv_info.tag_info = &info;
+    st = ucxcomm_status_ptr(ucp_tag_msg_recv_nbx((ucp_worker_h)worker, buf, n,
+                                                 (ucp_tag_message_h)msg, &param), req);
+    if (st == UCS_OK) {
+        *sender_tag = info.sender_tag;
+        *length = info.length;
+    }
+    return st;
+}
+
+int ucxcomm_test(void *req, int is_recv, uint64_t *sender_tag, size_t *length)
+{
+    ucs_status_t st;
+    if (is_recv) {
+        ucp_tag_recv_info_t info;
+        st = ucp_tag_recv_request_test(req, &info);
+        if (st == UCS_INPROGRESS) {
+            return UCXCOMM_INPROGRESS;
+        }
+        *sender_tag = info.sender_tag;
+        *length = info.length;
+    } else {
+        st = ucp_request_check_status(req);
+        if (st == UCS_INPROGRESS) {
+            return UCXCOMM_INPROGRESS;
+        }
+    }
+    ucp_request_free(req);
+    return (int)st;
+}
+
+/* Stream messages (the connection handshake of listen/connect endpoints). */
+int ucxcomm_stream_send(uintptr_t ep, const void *buf, size_t n, void **req)
+{
+    ucp_request_param_t param;
+    param.op_attr_mask = 0;
+    return ucxcomm_status_ptr(ucp_stream_send_nbx((ucp_ep_h)ep, buf, n, &param), req);
+}
+
+/* Completes once all n bytes arrived. */
+int ucxcomm_stream_recv(uintptr_t ep, void *buf, size_t n, void **req)
+{
+    ucp_request_param_t param;
+    size_t length = 0;
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_STREAM_RECV_FLAG_WAITALL;
+    return ucxcomm_status_ptr(ucp_stream_recv_nbx((ucp_ep_h)ep, buf, n, &length, &param),
+                              req);
+}
+
+unsigned ucxcomm_progress(uintptr_t worker)
+{
+    return ucp_worker_progress((ucp_worker_h)worker);
+}
+
+int ucxcomm_arm(uintptr_t worker)
+{
+    ucs_status_t st = ucp_worker_arm((ucp_worker_h)worker);
+    if (st == UCS_ERR_BUSY) {
+        return 0;
+    }
+    return st == UCS_OK ? 1 : (int)st;
+}
+
+void ucxcomm_cancel(uintptr_t worker, void *req)
+{
+    ucp_request_cancel((ucp_worker_h)worker, req);
+}

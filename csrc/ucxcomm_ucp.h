@@ -1,0 +1,89 @@
+/*
+ * ucxcomm's C helpers over UCP (libucp), called from Python through the cffi
+ * extension ucxcomm.transport._ucp (built by tools/build_ucp.py).
+ *
+ * Handles cross this boundary as integers or void pointers, so the declarations between
+ * the cffi markers need no UCX header: tools/build_ucp.py hands exactly that block to
+ * cffi's cdef (it is the single copy of every prototype). Return values are
+ * ucs_status_t values (UCS_OK == 0, errors < 0) or UCXCOMM_INPROGRESS with *req set,
+ * unless a function says otherwise.
+ */
+#ifndef UCXCOMM_UCP_H
+#define UCXCOMM_UCP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* cffi:begin */
+#define UCXCOMM_INPROGRESS 1
+
+/* ---- info.c: library facts and constants */
+typedef struct {
+    const char *name;
+    long value;
+} ucxcomm_const_t;
+
+/* The UCX constants Python needs (statuses, atomic opcodes), by their UCX names. */
+const ucxcomm_const_t *ucxcomm_constants(size_t *count);
+const char *ucxcomm_status_string(int status);
+const char *ucxcomm_version_string(void);
+/* The file libucp was actually loaded from (wheel or system library). */
+const char *ucxcomm_libucp_path(void);
+/* Writes "tl/dev;tl/dev;..." for an endpoint's lanes (ucp_ep_query). */
+int ucxcomm_ep_transports(uintptr_t ep, char *out, size_t outlen);
+
+/* ---- tag.c: the tag message path on a ucxx-owned worker, polled requests */
+int ucxcomm_tag_send(uintptr_t ep, const void *buf, size_t n, uint64_t tag, int fast,
+                     void **req);
+int ucxcomm_tag_recv(uintptr_t worker, void *buf, size_t n, uint64_t tag, uint64_t mask,
+                     void **req, uint64_t *sender_tag, size_t *length);
+/* 1 and *msg set when a message matches, else 0. */
+int ucxcomm_tag_probe(uintptr_t worker, uint64_t tag, uint64_t mask, int remove,
+                      void **msg, uint64_t *sender_tag, size_t *length);
+int ucxcomm_msg_recv(uintptr_t worker, void *buf, size_t n, void *msg, void **req,
+                     uint64_t *sender_tag, size_t *length);
+/* UCXCOMM_INPROGRESS, or the final status (the request is then freed). */
+int ucxcomm_test(void *req, int is_recv, uint64_t *sender_tag, size_t *length);
+int ucxcomm_stream_send(uintptr_t ep, const void *buf, size_t n, void **req);
+int ucxcomm_stream_recv(uintptr_t ep, void *buf, size_t n, void **req);
+unsigned ucxcomm_progress(uintptr_t worker);
+/* 1 when armed (safe to sleep on the worker's event fd), 0 when events are pending. */
+int ucxcomm_arm(uintptr_t worker);
+void ucxcomm_cancel(uintptr_t worker, void *req);
+
+/* ---- rma.c: the RMA engine, a UCP context + thread-safe worker of its own whose
+ * progress thread serves peers' emulated RMA/atomics while Python computes. */
+/* The context gets UCX's configuration (environment) plus the nopts key/value
+ * options (keys without the UCX_ prefix), exactly like the main context. */
+int ucxcomm_rma_create(const char *const *keys, const char *const *values, size_t nopts,
+                       double spin_s, void **out, char *err, size_t errlen);
+void ucxcomm_rma_destroy(void *eng);
+int ucxcomm_rma_address(void *eng, char *buf, size_t buflen, size_t *len);
+int ucxcomm_rma_connect(void *eng, const void *addr, uintptr_t *ep);
+void ucxcomm_rma_ep_close(void *eng, uintptr_t ep);
+int ucxcomm_rma_mem_map(void *eng, void *addr, size_t len, void **memh);
+int ucxcomm_rma_mem_unmap(void *eng, void *memh);
+int ucxcomm_rma_rkey_pack(void *eng, void *memh, char *buf, size_t buflen, size_t *len);
+int ucxcomm_rma_rkey_unpack(uintptr_t ep, const void *buf, void **rkey);
+void ucxcomm_rma_rkey_destroy(void *rkey);
+int ucxcomm_rma_put(void *eng, uintptr_t ep, const void *buf, size_t n, uint64_t raddr,
+                    void *rkey, void **req);
+int ucxcomm_rma_get(void *eng, uintptr_t ep, void *buf, size_t n, uint64_t raddr,
+                    void *rkey, void **req);
+/* reply != NULL: fetching (for compare-and-swap it holds the new value on entry and
+ * value points at the compare value). */
+int ucxcomm_rma_atomic(void *eng, uintptr_t ep, int op, const void *value, void *reply,
+                       size_t size, uint64_t raddr, void *rkey, void **req);
+int ucxcomm_rma_flush(void *eng, uintptr_t ep, void **req);
+unsigned ucxcomm_rma_progress(void *eng);
+/* UCXCOMM_INPROGRESS, or the final status (the request is then freed). */
+int ucxcomm_rma_test(void *req);
+/* Completion notices for a sleeping waiter: after ucxcomm_rma_arm() (which also wakes
+ * the progress thread) the next request that completes makes the descriptor readable;
+ * ucxcomm_rma_disarm() drains it. */
+int ucxcomm_rma_notify_fd(void *eng);
+void ucxcomm_rma_arm(void *eng);
+void ucxcomm_rma_disarm(void *eng);
+/* cffi:end */
+
+#endif /* UCXCOMM_UCP_H */

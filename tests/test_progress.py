@@ -1,0 +1,125 @@
+"""The progress engine (ucxcomm/transport/progress.py) on a source of our own: a pipe
+stands in for a UCX worker's event descriptor, so spinning, arming, sleeping and waking
+are observable. (Real UCX sources are exercised by every other transport test.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import deque
+
+import pytest
+
+from ucxcomm.transport.progress import Progress, ready_queue
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_asyncio_ready_queue_is_what_progress_reads():
+    """Progress decides whether to keep spinning by peeking at asyncio's private ready
+    queue; this notices the day asyncio renames or reshapes it."""
+    loop = asyncio.get_running_loop()
+    ready = ready_queue(loop)
+    assert isinstance(ready, deque), "asyncio's BaseEventLoop._ready changed"
+    before = len(ready)
+    handle = loop.call_soon(lambda: None)
+    assert len(ready) == before + 1 and ready[-1] is handle
+    await asyncio.sleep(0)
+    assert handle not in ready
+
+
+class PipeSource:
+    """One pending 'operation' that completes when a byte arrives on a pipe."""
+
+    watch_idle = False
+
+    def __init__(self, loop):
+        self.rfd, self.wfd = os.pipe()
+        os.set_blocking(self.rfd, False)
+        self.fut = loop.create_future()
+        self.polls = self.arms = self.disarms = 0
+        self.armed = asyncio.Event()
+
+    def pending(self):
+        return not self.fut.done()
+
+    def poll(self):
+        self.polls += 1
+        try:
+            data = os.read(self.rfd, 1)
+        except BlockingIOError:
+            return 0
+        if data and not self.fut.done():
+            self.fut.set_result(data)
+            return 1
+        return 0
+
+    def arm(self):
+        self.arms += 1
+        if self.poll():
+            return False
+        self.armed.set()
+        return True
+
+    def disarm(self):
+        self.disarms += 1
+
+    def fileno(self):
+        return self.rfd
+
+    def close(self):
+        os.close(self.rfd)
+        os.close(self.wfd)
+
+
+async def test_waiter_spins_then_sleeps_on_the_descriptor_and_wakes_on_it():
+    loop = asyncio.get_running_loop()
+    progress = Progress(loop, spin_s=1e-3)
+    src = PipeSource(loop)
+    progress.add(src)
+    try:
+        waiter = asyncio.ensure_future(progress.wait(src.fut))
+        await asyncio.wait_for(src.armed.wait(), 10)  # spun for 1 ms, then armed
+        polls = src.polls
+        assert polls > 1 and not waiter.done()
+        os.write(src.wfd, b"x")  # the descriptor fires: the sleeping task wakes
+        assert await asyncio.wait_for(waiter, 10) == b"x"
+        assert src.disarms >= 1
+    finally:
+        await progress.aclose()
+        src.close()
+
+
+async def test_spin_returns_once_the_check_passes():
+    loop = asyncio.get_running_loop()
+    progress = Progress(loop, spin_s=5.0)
+    src = PipeSource(loop)
+    src.watch_idle = True  # polled by spin(), yet not pending: the task sleeps
+    src.pending = lambda: False
+    progress.add(src)
+    try:
+        await asyncio.wait_for(src.armed.wait(), 10)  # the progress task is asleep
+        os.write(src.wfd, b"y")
+        assert progress.spin(lambda: src.fut.done())
+        assert src.fut.result() == b"y"
+        # Nothing else will happen: with another callback ready, spin() refuses at once.
+        src.fut = loop.create_future()
+        loop.call_soon(lambda: None)
+        assert not progress.spin(lambda: src.fut.done())
+    finally:
+        await progress.aclose()
+        src.close()
+
+
+async def test_cancelled_progress_task_tells_its_owner():
+    loop = asyncio.get_running_loop()
+    told = []
+    progress = Progress(loop, spin_s=0, on_cancel=lambda: told.append(True))
+    src = PipeSource(loop)
+    progress.add(src)
+    await asyncio.sleep(0)  # the task starts and goes to sleep
+    progress.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await progress.task
+    assert told == [True]
+    src.close()

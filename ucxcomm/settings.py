@@ -1,0 +1,159 @@
+"""Every ``UCXCOMM_*`` environment variable: declared, documented and parsed here only.
+
+Library code asks :func:`get` for a setting (an explicit keyword argument, where one
+exists, wins over the variable); a malformed value raises ``ValueError`` naming the
+variable. docs/settings.md lists the same table (tests/test_settings.py keeps the two
+in step). Variables only ``ucxcomm run`` sets for its ranks are marked ``launcher``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SETTINGS", "Setting", "get"]
+
+
+def _number(text: str, kind: type, low: float | None = None, strict: bool = False) -> Any:
+    try:
+        value = kind(text.strip())
+    except ValueError:
+        raise ValueError(f"must be {'an integer' if kind is int else 'a number'}") from None
+    if low is not None and not (value > low if strict else value >= low):  # nan fails
+        raise ValueError(f"must be {'>' if strict else '>='} {low}")
+    return value
+
+
+def _int(text: str) -> int:
+    return int(_number(text, int))
+
+
+def _nonneg_int(text: str) -> int:
+    return int(_number(text, int, 0))
+
+
+def _port(text: str) -> int:
+    value = int(_number(text, int, 1))
+    if value > 65535:
+        raise ValueError("must be a TCP port (1-65535)")
+    return value
+
+
+def _nonneg_float(text: str) -> float:
+    return float(_number(text, float, 0))
+
+
+def _pos_float(text: str) -> float:
+    return float(_number(text, float, 0, strict=True))
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return value
+
+    return parse
+
+
+def _bool_or_auto(text: str) -> Any:
+    value = text.strip().lower()
+    if value in ("", "auto"):
+        return "auto"
+    if value in ("1", "y", "yes", "true", "on"):
+        return True
+    if value in ("0", "n", "no", "false", "off"):
+        return False
+    raise ValueError("must be auto, yes or no")
+
+
+def _devices(text: str) -> list[str] | None:
+    return [d.strip() for d in text.split(",") if d.strip()] or None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``UCXCOMM_*`` variable."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    launcher: bool = False  # set by ``ucxcomm run`` for its ranks
+
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    # transport policy (init(transport=, tag_offload=, devices=) win)
+    Setting("UCXCOMM_TRANSPORT", _choice("auto", "rdma", "tcp"), "auto",
+            "auto: RDMA when present, else TCP + shared memory; rdma: fail without "
+            "RDMA; tcp: never RDMA"),
+    Setting("UCXCOMM_TAG_OFFLOAD", _bool_or_auto, "auto",
+            "hardware tag matching on capable mlx5 devices (auto, yes, no)"),
+    Setting("UCXCOMM_DEVICES", _devices, None,
+            "comma-separated UCX network devices (UCX_NET_DEVICES), e.g. mlx5_0:1"),
+    Setting("UCXCOMM_TM_THRESH", _nonneg_int, None,
+            "bytes: UCX_TM_THRESH when tag offload is on"),
+    Setting("UCXCOMM_TM_MAX_BB_SIZE", _nonneg_int, None,
+            "bytes: UCX_TM_MAX_BB_SIZE when tag offload is on"),
+    # progress and memory
+    Setting("UCXCOMM_SPIN_US", _nonneg_float, 200.0,
+            "microseconds a waiter spins before sleeping on the worker's descriptor "
+            "(0: never spin)"),
+    Setting("UCXCOMM_RMA_SPIN_US", _nonneg_float, 200.0,
+            "microseconds the RMA progress thread keeps polling after activity"),
+    Setting("UCXCOMM_MMAP_THRESHOLD", _int, 1 << 20,
+            "bytes: glibc mmap threshold pinned when a worker starts (0 or less: leave "
+            "malloc alone)"),
+    Setting("UCXCOMM_POOL_MB", _nonneg_int, 512,
+            "MiB of received object payload buffers kept for reuse"),
+    # bootstrap (init(timeout=, rank=, size=, store=) win)
+    Setting("UCXCOMM_TIMEOUT", _pos_float, 120.0, "seconds: deadline to form the world"),
+    Setting("UCXCOMM_TOKEN", _text, "",
+            "the job's shared secret for the bootstrap store (ucxcomm run makes one)"),
+    Setting("UCXCOMM_PORT", _port, None,
+            "bootstrap store port under Slurm, torchrun or single-host MPI launchers"),
+    Setting("UCXCOMM_STORE", _text, None,
+            "host:port of the bootstrap store (Open MPI/MPICH across hosts; set by "
+            "ucxcomm run)"),
+    Setting("UCXCOMM_RANK", _int, None, "this process's rank", launcher=True),
+    Setting("UCXCOMM_SIZE", _int, None, "number of ranks", launcher=True),
+    Setting("UCXCOMM_LOCAL_RANK", _int, None, "rank on this host", launcher=True),
+    Setting("UCXCOMM_LOCAL_SIZE", _int, None, "ranks on this host", launcher=True),
+    # building and CI
+    Setting("UCXCOMM_UCX_PREFIX", _text, None,
+            "install time: build against the UCX headers under this prefix instead of "
+            "the libucx wheel's"),
+    Setting("UCXCOMM_WERROR", _text, None,
+            "install time: compile the C extension with -Werror (CI sets 1)"),
+    Setting("UCXCOMM_VENV", _text, None, "ci/*.sh: the virtual environment to use "
+            "(default .venv)"),
+)}
+
+
+def get(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """The value of setting ``name`` from ``env`` (default ``os.environ``), parsed, or
+    its default when unset or empty.
+
+    Raises
+    ------
+    ValueError
+        The variable is set to something its setting cannot parse (the message names
+        the variable and the value).
+    KeyError
+        ``name`` is not a declared setting (a bug).
+    """
+    setting = SETTINGS[name]
+    text = (os.environ if env is None else env).get(name)
+    if text is None or text == "":
+        return setting.default
+    try:
+        return setting.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{name}={text!r}: {exc}") from None

@@ -1,0 +1,295 @@
+"""``Progress``: the one place that spins, arms and sleeps to drive UCX from asyncio.
+
+A *source* is something with pending operations that must be progressed: the tag
+worker (:class:`~ucxcomm.transport.worker.Worker`) and the RMA engines
+(:class:`~ucxcomm.transport.rma.RmaEngine`). The model (measured, docs/design.md):
+
+* A task awaiting an operation (:meth:`Progress.wait`) progresses the sources itself,
+  in bursts of :data:`BURST_S`, yielding to the event loop between bursts only when
+  other callbacks are ready: a reply that arrives within ``spin_s`` completes without a
+  single event-loop round trip.
+* :meth:`Progress.spin` does the same synchronously, without yielding, while the loop
+  has nothing else to run (a receive about to be awaited waits for its message here).
+* Otherwise the progress task spins while operations are pending, yielding whenever
+  something completed or another task is ready. After ``spin_s`` without a completion
+  it arms every source and sleeps on their descriptors (``loop.add_reader``) with a
+  :data:`IDLE_WAKE_S` fallback: an idle rank blocked in ``recv`` uses no CPU.
+* With more ranks than cores, spinners ``sched_yield()`` between bursts so that the
+  peer they wait for gets the core (8 B allreduce at 3 ranks on 2 cores: 1.1 ms ->
+  0.15-0.3 ms).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+__all__ = ["BURST_S", "IDLE_WAKE_S", "Progress", "Source", "ready_queue"]
+
+log = logging.getLogger(__name__)
+
+#: Longest stretch of spinning without yielding to the event loop.
+BURST_S = 20e-6
+#: Fallback wake-up while sleeping: UCX may not always signal the descriptor
+#: (ucxx's blocking progress mode guards against the same thing).
+IDLE_WAKE_S = 0.05
+_sched_yield = getattr(os, "sched_yield", lambda: None)
+
+
+class Source(Protocol):
+    """What :class:`Progress` drives."""
+
+    #: Watched while idle (the tag worker: incoming connections and messages must be
+    #: progressed even when nothing is posted); others only while they have work.
+    watch_idle: bool
+
+    def pending(self) -> bool:
+        """Operations in flight that need progress."""
+
+    def poll(self) -> int:
+        """Progress UCX once and complete what finished; how many completed."""
+
+    def arm(self) -> bool:
+        """Prepare to sleep on :meth:`fileno`; False when events are already pending
+        (poll again instead)."""
+
+    def disarm(self) -> None:
+        """After sleeping (woken or not)."""
+
+    def fileno(self) -> int: ...
+
+
+def ready_queue(loop: asyncio.AbstractEventLoop) -> deque[Any] | None:
+    """The loop's queue of callbacks ready to run (``BaseEventLoop._ready``), or None.
+
+    Private asyncio state, read here only: "is anything else ready to run?" decides
+    whether a spinner may keep the thread. Asking costs a ``len()``; the public
+    alternative (``await asyncio.sleep(0)`` every turn) costs an event-loop round trip
+    per poll, which the 8 B latency cannot afford. tests/test_progress.py notices when
+    asyncio changes it; without it we only spin between yields.
+    """
+    ready = getattr(loop, "_ready", None)
+    return ready if isinstance(ready, deque) else None
+
+
+class Progress:
+    """Drives the sources of one worker on its event loop (see the module docstring).
+
+    Parameters
+    ----------
+    loop : asyncio.AbstractEventLoop
+    spin_s : float
+        How long to spin while operations are pending before sleeping (0: never spin).
+    on_cancel : callable, optional
+        Called when the progress task is cancelled from outside (``asyncio.run`` tearing
+        the loop down without a close): the owner releases UCX while the loop runs.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, spin_s: float,
+                 on_cancel: Callable[[], None] | None = None) -> None:
+        self._loop = loop
+        self._on_cancel = on_cancel
+        self.spin_s = spin_s
+        self._sources: list[Source] = []
+        self._ready = ready_queue(loop)
+        self._spinners = 0  # tasks progressing inside wait()
+        self._sleeper: asyncio.Future | None = None
+        self._closed = False
+        self._task: asyncio.Task | None = None
+
+    def add(self, source: Source) -> None:
+        """Drive ``source`` too (the first one added starts the progress task)."""
+        self._sources.append(source)
+        if self._task is None:
+            self._task = self._loop.create_task(self._run(), name="ucxcomm-progress")
+
+    def remove(self, source: Source) -> None:
+        if source in self._sources:
+            self._sources.remove(source)
+
+    @property
+    def task(self) -> asyncio.Task | None:
+        """The progress task (its cancellation by loop teardown aborts the worker)."""
+        return self._task
+
+    # ------------------------------------------------------------ polling
+    def poll(self) -> int:
+        """Progress the watched sources and those with pending work once; how many
+        operations finished."""
+        n = 0
+        for s in self._sources:
+            if s.watch_idle or s.pending():
+                n += s.poll()
+        return n
+
+    def _busy(self) -> bool:
+        return any(s.pending() for s in self._sources)
+
+    def _others_ready(self) -> bool:
+        return bool(self._ready)
+
+    # ------------------------------------------------------------ waiting
+    async def wait(self, fut: asyncio.Future) -> Any:
+        """Await ``fut``, progressing the sources from this task while it waits (then
+        handing over to the progress task, which sleeps when nothing happens)."""
+        if fut.done():
+            return fut.result()
+        if self.spin_s > 0 and not self._closed:
+            now, poll, ready = time.perf_counter, self.poll, self._ready
+            self._spinners += 1
+            try:
+                end = now() + self.spin_s
+                while True:
+                    burst_end = now() + BURST_S
+                    while True:
+                        poll()
+                        if fut.done():
+                            return fut.result()
+                        if ready or now() > burst_end:
+                            break
+                    if now() > end or self._closed:
+                        break
+                    if not ready:
+                        _sched_yield()  # more ranks than cores: let the peer run
+                    await asyncio.sleep(0)
+                    if fut.done():
+                        return fut.result()
+            finally:
+                self._spinners -= 1
+                if not self._spinners and self._busy():
+                    self.kick()  # others' operations are pending: hand them over
+        self.kick()
+        return await fut
+
+    def spin(self, check: Callable[[], bool]) -> bool:
+        """Progress and call ``check()`` right here, without an event-loop round trip,
+        while nothing else is ready to run (at most ``spin_s``); True once it returns
+        True."""
+        ready = self._ready
+        if self.spin_s <= 0 or self._closed or ready is None or ready:
+            return False
+        now, poll = time.perf_counter, self.poll
+        end = now() + self.spin_s
+        while not ready and now() < end:
+            poll()
+            if check():
+                return True
+        return False
+
+    def kick(self) -> None:
+        """Make sure the progress task runs (after posting operations that are not
+        awaited through :meth:`wait` right away)."""
+        if self._spinners:
+            return  # an awaiter is progressing; it kicks when it stops
+        s = self._sleeper
+        if s is not None and not s.done():
+            s.set_result(None)
+
+    # ------------------------------------------------------------ the task
+    async def _run(self) -> None:
+        now, poll, ready = time.perf_counter, self.poll, self._ready
+        try:
+            while not self._closed:
+                if self._spinners:
+                    await self._wait_kick()  # an awaiter is progressing the sources
+                    continue
+                if not self._busy():
+                    await self._sleep()
+                    continue
+                deadline = now() + self.spin_s
+                while self._busy() and not self._spinners and not self._closed:
+                    burst_end = now() + BURST_S
+                    finished = 0
+                    while True:
+                        n = poll()
+                        finished += n
+                        # Keep collecting while completions keep coming (throughput of
+                        # many small messages); yield once a round brings nothing new.
+                        if n and now() < burst_end:
+                            continue
+                        if finished or ready or now() > burst_end:
+                            break
+                    if finished:
+                        deadline = now() + self.spin_s
+                    elif now() > deadline:
+                        await self._sleep()
+                        deadline = now() + self.spin_s
+                        continue
+                    elif not ready:
+                        _sched_yield()  # more ranks than cores: let the peer run
+                    await asyncio.sleep(0)
+                # Let the woken waiters run (and post their next operation) first.
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            if not self._closed and self._on_cancel is not None:
+                self._on_cancel()
+            raise
+        except Exception:  # pragma: no cover - a bug; make it loud
+            log.exception("ucxcomm progress loop crashed")
+            if self._on_cancel is not None:
+                self._on_cancel()
+            raise
+
+    async def _wait_kick(self) -> None:
+        fut = self._loop.create_future()
+        self._sleeper = fut
+        handle = self._loop.call_later(IDLE_WAKE_S, _wake, fut)  # never wait unbounded
+        try:
+            await fut
+        finally:
+            self._sleeper = None
+            handle.cancel()
+
+    async def _sleep(self) -> None:
+        """Arm the sources that need watching and sleep until one's descriptor fires,
+        a kick, or :data:`IDLE_WAKE_S`."""
+        armed: list[Source] = []
+        try:
+            for s in self._sources:
+                if s.watch_idle or s.pending():
+                    armed.append(s)
+                    if not s.arm():
+                        return  # events arrived meanwhile: progress again
+            loop = self._loop
+            fut = loop.create_future()
+            self._sleeper = fut
+            fds = [s.fileno() for s in armed]
+            for fd in fds:
+                loop.add_reader(fd, _wake, fut)
+            handle = loop.call_later(IDLE_WAKE_S, _wake, fut)
+            try:
+                await fut
+            finally:
+                self._sleeper = None
+                for fd in fds:
+                    loop.remove_reader(fd)
+                handle.cancel()
+        finally:
+            for s in armed:
+                s.disarm()
+
+    # ------------------------------------------------------------ close
+    def close(self) -> None:
+        """Stop the progress task (idempotent)."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+
+    async def aclose(self) -> None:
+        """:meth:`close` and wait for the task to end."""
+        self.close()
+        if self._task is not None and self._task is not asyncio.current_task():
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
