@@ -94,18 +94,18 @@ async def test_spin_returns_once_the_check_passes():
     loop = asyncio.get_running_loop()
     progress = Progress(loop, spin_s=5.0)
     src = PipeSource(loop)
-    src.watch_idle = True  # polled by spin(), yet not pending: the task sleeps
+    src.watch_idle = True  # armed by the sleeping task, yet not pending
     src.pending = lambda: False
     progress.add(src)
     try:
         await asyncio.wait_for(src.armed.wait(), 10)  # the progress task is asleep
         os.write(src.wfd, b"y")
-        assert progress.spin(lambda: src.fut.done())
+        assert progress.spin(lambda: src.poll() > 0)
         assert src.fut.result() == b"y"
-        # Nothing else will happen: with another callback ready, spin() refuses at once.
+        # With another callback ready to run, spin() refuses at once.
         src.fut = loop.create_future()
         loop.call_soon(lambda: None)
-        assert not progress.spin(lambda: src.fut.done())
+        assert not progress.spin(lambda: src.poll() > 0)
     finally:
         await progress.aclose()
         src.close()

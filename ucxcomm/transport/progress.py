@@ -119,28 +119,36 @@ class Progress:
 
     # ------------------------------------------------------------ polling
     def poll(self) -> int:
-        """Progress the watched sources and those with pending work once; how many
-        operations finished."""
+        """Progress the sources with pending work once; how many operations finished."""
         n = 0
         for s in self._sources:
-            if s.watch_idle or s.pending():
+            if s.pending():
                 n += s.poll()
         return n
 
     def _busy(self) -> bool:
-        return any(s.pending() for s in self._sources)
-
-    def _others_ready(self) -> bool:
-        return bool(self._ready)
+        for s in self._sources:  # (a plain loop: this runs after every wait)
+            if s.pending():
+                return True
+        return False
 
     # ------------------------------------------------------------ waiting
-    async def wait(self, fut: asyncio.Future) -> Any:
-        """Await ``fut``, progressing the sources from this task while it waits (then
-        handing over to the progress task, which sleeps when nothing happens)."""
+    async def wait(self, fut: asyncio.Future,
+                   poll: Callable[[], int] | None = None) -> Any:
+        """Await ``fut``, progressing from this task while it waits (then handing over
+        to the progress task, which sleeps when nothing happens).
+
+        ``poll`` is the owning source's :meth:`Source.poll`: the tight loop calls only
+        it (one call per turn: completion is noticed sooner), every other source is
+        polled once per burst.
+        """
         if fut.done():
             return fut.result()
         if self.spin_s > 0 and not self._closed:
-            now, poll, ready = time.perf_counter, self.poll, self._ready
+            now, ready = time.perf_counter, self._ready
+            poll_all = self.poll
+            if poll is None:
+                poll = poll_all
             self._spinners += 1
             try:
                 end = now() + self.spin_s
@@ -152,6 +160,8 @@ class Progress:
                             return fut.result()
                         if ready or now() > burst_end:
                             break
+                    if poll is not poll_all:
+                        poll_all()
                     if now() > end or self._closed:
                         break
                     if not ready:
@@ -161,23 +171,22 @@ class Progress:
                         return fut.result()
             finally:
                 self._spinners -= 1
-                if not self._spinners and self._busy():
+                if not self._spinners and self._sleeper is not None and self._busy():
                     self.kick()  # others' operations are pending: hand them over
         self.kick()
         return await fut
 
-    def spin(self, check: Callable[[], bool]) -> bool:
-        """Progress and call ``check()`` right here, without an event-loop round trip,
-        while nothing else is ready to run (at most ``spin_s``); True once it returns
-        True."""
+    def spin(self, check: Callable[..., bool], *args: Any) -> bool:
+        """Call ``check(*args)`` (which progresses what it needs) right here, without an
+        event-loop round trip, while nothing else is ready to run (at most ``spin_s``);
+        True once it returns True."""
         ready = self._ready
         if self.spin_s <= 0 or self._closed or ready is None or ready:
             return False
-        now, poll = time.perf_counter, self.poll
+        now = time.perf_counter
         end = now() + self.spin_s
         while not ready and now() < end:
-            poll()
-            if check():
+            if check(*args):
                 return True
         return False
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import numpy as _np
@@ -281,7 +281,11 @@ class Worker(Transport):
 
     def recv_ptr(self, obj: Any) -> Target:
         """Like :meth:`send_ptr` for a receive buffer (must also be writable)."""
-        return target(obj, True, self._cuda)
+        try:  # the common case inline (every receive comes here): see _target.target
+            ptr = self._ffi.from_buffer(obj, require_writable=True)
+            return ptr, len(ptr), ptr, False
+        except (TypeError, ValueError, BufferError):
+            return target(obj, True, self._cuda)
 
     def subtarget(self, t: Target, offset: int, nbytes: int) -> Target:
         """Bytes ``[offset, offset + nbytes)`` of a target from :meth:`send_ptr` /
@@ -311,7 +315,7 @@ class Worker(Transport):
         ``fast`` requests UCX's fast-completion protocols for messages below
         ``FAST_SEND_MAX`` (a win on shared memory, a loss on TCP: the endpoint decides).
         """
-        return self.send_raw(ep_handle, self.send_ptr(obj), tag, peers, fast)
+        return self.send_raw(ep_handle, target(obj, False, self._cuda), tag, peers, fast)
 
     def send_raw(self, ep_handle: int, target: Target, tag: int,
                  peers: Peers, fast: bool = False) -> asyncio.Future | None:
@@ -441,7 +445,15 @@ class Worker(Transport):
     def _spin_match(self, op: _Op) -> bool:
         """Wait for ``op``'s message right here while the event loop is idle (only
         called when no earlier receive is pending, so matching order is kept)."""
-        return self._progress.spin(lambda: self._try_match(op))
+        return self._progress.spin(self._match_step, op)
+
+    def _match_step(self, op: _Op) -> bool:
+        self._lib.ucxcomm_progress(self._wh)
+        if self._try_match(op):
+            return True
+        if self._reqs:
+            self._poll()  # others' requests complete meanwhile
+        return False
 
     def _result(self, op: _Op) -> Any:
         if op.alloc:
@@ -559,12 +571,11 @@ class Worker(Transport):
                 await asyncio.shield(op.settled)
                 return
 
-    async def complete(self, fut: asyncio.Future) -> Any:
+    def complete(self, fut: asyncio.Future) -> Coroutine[Any, Any, Any]:
         """Await ``fut``, progressing the worker from this task while it waits
-        (:meth:`Progress.wait <ucxcomm.transport.progress.Progress.wait>`)."""
-        if fut.done():
-            return fut.result()
-        return await self._progress.wait(fut)
+        (:meth:`Progress.wait <ucxcomm.transport.progress.Progress.wait>`; returned
+        as is: no coroutine frame of our own on the hot path)."""
+        return self._progress.wait(fut, self.poll)
 
     async def drain(self, peers: Peers, timeout: float) -> None:
         """Wait (at most ``timeout`` seconds) until no send to ``peers`` is in flight."""
