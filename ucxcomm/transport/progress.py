@@ -190,6 +190,28 @@ class Progress:
                 return True
         return False
 
+    def spin_request(self, progress: Callable[[Any], Any], handle: Any,
+                     test: Callable[[Any], int], req: Any, inprogress: int) -> int:
+        """Wait for one UCP request right here: ``progress(handle)`` and ``test(req)``
+        until it is no longer ``inprogress`` or ``spin_s`` passed. Returns the last
+        ``test`` result.
+
+        Unlike :meth:`spin` it keeps the thread even when other callbacks are ready and
+        calls UCX directly (no Python frame per turn): one-sided requests finish within
+        microseconds (the target's RMA thread serves them), and letting a ready callback
+        (often the progress task's own next turn) send each of them through the event
+        loop made small puts 30-50 % slower (put + flush 11-14 -> 16-21 us, measured).
+        """
+        st = test(req)
+        if st != inprogress or self.spin_s <= 0 or self._closed:
+            return st
+        now = time.perf_counter
+        end = now() + self.spin_s
+        while st == inprogress and now() < end:
+            progress(handle)
+            st = test(req)
+        return st
+
     def kick(self) -> None:
         """Make sure the progress task runs (after posting operations that are not
         awaited through :meth:`wait` right away)."""

@@ -139,7 +139,6 @@ class RmaEngine:
         self.req_out = ffi.new("void *[1]")
         self.amo = {op: _ucx.const[name] for op, name in _OPS.items()}
         self._ops: list[_RmaOp] = []
-        self._last = 0  # final status seen by _finished
         self._progress = progress
         self._loop = loop
         progress.add(self)
@@ -176,9 +175,9 @@ class RmaEngine:
             raise _ucx.status_error(st, what="RMA")
         if req is None:
             req = self.req_out[0]
-        st = self._lib.ucxcomm_rma_test(req)
-        if st == 1 and self._progress.spin(self._finished, req):  # UCXCOMM_INPROGRESS
-            st = self._last
+        lib = self._lib
+        st = self._progress.spin_request(lib.ucxcomm_rma_progress, self.handle,
+                                         lib.ucxcomm_rma_test, req, 1)  # UCXCOMM_INPROGRESS
         if st != 1:
             if st < 0:
                 raise _ucx.status_error(st, what="RMA")
@@ -186,12 +185,6 @@ class RmaEngine:
         fut = self._loop.create_future()
         self._ops.append(_RmaOp(req, fut, keep))
         await self._progress.wait(fut, self.poll)
-
-    def _finished(self, req: Any) -> bool:
-        """One turn of waiting for ``req`` in place (its final status in ``_last``)."""
-        self._lib.ucxcomm_rma_progress(self.handle)
-        self._last = st = self._lib.ucxcomm_rma_test(req)  # frees the request if finished
-        return bool(st != 1)
 
     # ------------------------------------------------------ progress source
     def pending(self) -> bool:
@@ -460,18 +453,8 @@ class RemoteMemory(Remote):
         """Complete, at the target, every operation issued to this peer."""
         if self.closed:
             raise ClosedError("this remote memory was closed")
-        posted = []  # both engines' flushes in flight together
         for eng, ep, _ in self._targets:
-            st = eng._lib.ucxcomm_rma_flush(eng.handle, ep, eng.req_out)
-            posted.append((eng, st, eng.req_out[0] if st > 0 else None))
-        error: BaseException | None = None
-        for eng, st, req in posted:
-            try:
-                await eng.wait(st, req=req)
-            except Exception as exc:  # wait for the others before raising
-                error = error or exc
-        if error is not None:
-            raise error
+            await eng.wait(eng._lib.ucxcomm_rma_flush(eng.handle, ep, eng.req_out))
 
     def _amo_args(self, op: str, offset: int, dtype: Any, count: int
                   ) -> tuple[tuple[str, int, bool], int, int]:
