@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Creates (once) the project's virtual environment in .venv and installs ucxcomm into it
-# (editable, with the test extra): the cffi extension (tools/build_ucp.py, C in csrc/) is
-# compiled against the UCX headers of the libucx wheel during this step, with compiler
-# warnings as errors. Sourced by ci/test.sh, ci/lint.sh and ci/demo.sh.
+# (editable, with the test extra): the compiled extension (Cython ucxcomm/transport/_ucp.pyx
+# over the C in csrc/, see tools/build_ucp.py) is built against the UCX headers of the
+# libucx wheel during this step, our C with warnings as errors. Sourced by ci/test.sh,
+# ci/lint.sh and ci/demo.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -11,8 +12,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 stamp="$VENV/.ucxcomm-installed"
-newer=$(find "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/tools" "$ROOT/csrc" -newer "$stamp" \
-        2>/dev/null | head -1 || true)
+newer=$(find "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/tools" "$ROOT/csrc" \
+        "$ROOT/ucxcomm/transport/_ucp.pyx" -newer "$stamp" 2>/dev/null | head -1 || true)
 if [ ! -f "$stamp" ] || [ -n "$newer" ] || \
    ! compgen -G "$ROOT/ucxcomm/transport/_ucp*.so" > /dev/null; then
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip

@@ -1,10 +1,10 @@
 /*
- * ucxcomm's C helpers over UCP (libucp), called from Python through the cffi
- * extension ucxcomm.transport._ucp (built by tools/build_ucp.py).
+ * ucxcomm's C helpers over UCP (libucp), linked into the Cython extension
+ * ucxcomm.transport._ucp (ucxcomm/transport/_ucp.pyx, built by tools/build_ucp.py).
  *
- * Handles cross this boundary as integers or void pointers, so the declarations between
- * the cffi markers need no UCX header: tools/build_ucp.py hands exactly that block to
- * cffi's cdef (it is the single copy of every prototype). Return values are
+ * Handles cross this boundary as integers or void pointers, so callers need no UCX
+ * header. _ucp.pyx declares the same prototypes for Cython; the generated C includes this
+ * header, so the compiler checks the two against each other. Return values are
  * ucs_status_t values (UCS_OK == 0, errors < 0) or UCXCOMM_INPROGRESS with *req set,
  * unless a function says otherwise.
  */
@@ -14,7 +14,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* cffi:begin */
 #define UCXCOMM_INPROGRESS 1
 
 /* ---- info.c: library facts and constants */
@@ -84,6 +83,5 @@ int ucxcomm_rma_test(void *req);
 int ucxcomm_rma_notify_fd(void *eng);
 void ucxcomm_rma_arm(void *eng);
 void ucxcomm_rma_disarm(void *eng);
-/* cffi:end */
 
 #endif /* UCXCOMM_UCP_H */

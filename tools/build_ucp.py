@@ -1,37 +1,29 @@
-"""Builds the cffi extension ``ucxcomm.transport._ucp`` from the C sources in ``csrc/``.
+"""How the compiled extension ``ucxcomm.transport._ucp`` is built (setup.py uses this).
 
-Used by setup.py at install time (``cffi_modules``) and runnable on its own (``python
-tools/build_ucp.py`` builds in place). The cdef is the block between the ``cffi:begin``
-and ``cffi:end`` markers of ``csrc/ucxcomm_ucp.h``: every prototype is written once.
+Two parts, so that each gets the warnings it deserves:
 
-It compiles against the UCX headers of the ``libucx`` wheel (or of the UCX under
-``UCXCOMM_UCX_PREFIX``) and links ``libucp``/``libucs`` by soname only (no rpath): at run
+* ``ucxcomm_csrc``: the C helpers in ``csrc/`` (info, tag path, RMA engine), a static
+  library compiled with ``-Wall -Wextra`` (``-Werror`` when ``UCXCOMM_WERROR=1``, as
+  ci/env.sh sets it); UCX's own headers are included as system headers (they are not
+  ``-Wextra`` clean);
+* the Cython module ``ucxcomm/transport/_ucp.pyx`` (generated C: Cython's own warnings are
+  not ours to fix), linked with that library.
+
+Both compile against the UCX headers of the ``libucx`` wheel (or of the UCX under
+``UCXCOMM_UCX_PREFIX``) and link ``libucp``/``libucs`` by soname only (no rpath): at run
 time the extension binds to whichever libucp ucxx already loaded, so a system UCX with
-verbs loaded via ``RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY=true`` replaces the wheel's
-without rebuilding. ``UCXCOMM_WERROR=1`` turns compiler warnings into errors (CI).
+verbs loaded via ``RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY=true`` replaces the wheel's without
+rebuilding.
 """
 
 from __future__ import annotations
 
 import os
-import re
-from pathlib import Path
+from typing import Any
 
-from cffi import FFI
-
-ROOT = Path(__file__).resolve().parent.parent
 CSRC = "csrc"
-HEADER = "ucxcomm_ucp.h"
-SOURCES = ["info.c", "tag.c", "rma.c"]
+C_SOURCES = ["info.c", "tag.c", "rma.c"]
 WARNINGS = ["-Wall", "-Wextra"]
-
-
-def cdef_from_header(text: str) -> str:
-    """The declarations between the cffi markers of the header."""
-    m = re.search(r"/\* cffi:begin \*/\n(.*?)/\* cffi:end \*/", text, re.S)
-    if m is None:
-        raise RuntimeError(f"{HEADER}: no cffi:begin/cffi:end block")
-    return m.group(1)
 
 
 def ucx_prefix() -> str:
@@ -43,31 +35,29 @@ def ucx_prefix() -> str:
     return os.path.dirname(libucx.__file__)
 
 
-def make_ffibuilder() -> FFI:
-    prefix = ucx_prefix()
-    header = (ROOT / CSRC / HEADER).read_text()
-    flags = ["-O2", "-std=gnu11", *WARNINGS]
+def c_library() -> tuple[str, dict[str, Any]]:
+    """The ``libraries`` entry (setuptools build_clib) for the C helpers."""
+    flags = ["-O2", "-std=gnu11", "-fPIC", *WARNINGS,
+             "-isystem", os.path.join(ucx_prefix(), "include")]
     if os.environ.get("UCXCOMM_WERROR", "") not in ("", "0"):
         flags.append("-Werror")
-    ffibuilder = FFI()
-    ffibuilder.cdef(cdef_from_header(header))
-    ffibuilder.set_source(
+    return ("ucxcomm_csrc", {"sources": [f"{CSRC}/{name}" for name in C_SOURCES],
+                             "include_dirs": [CSRC], "cflags": flags})
+
+
+def extensions() -> list[Any]:
+    """The Cython extension, cythonized."""
+    from Cython.Build import cythonize
+    from setuptools import Extension
+
+    prefix = ucx_prefix()
+    ext = Extension(
         "ucxcomm.transport._ucp",
-        f'#include "{HEADER}"',
-        # Relative paths: setuptools runs this from the project root.
-        sources=[f"{CSRC}/{name}" for name in SOURCES],
+        ["ucxcomm/transport/_ucp.pyx"],  # relative: setuptools runs from the project root
         include_dirs=[CSRC],
-        # UCX's own headers are not warning-clean under -Wextra: include them as system
-        # headers so the flags apply to our code only.
-        extra_compile_args=["-isystem", os.path.join(prefix, "include"), *flags],
+        extra_compile_args=["-O2", "-isystem", os.path.join(prefix, "include")],
         library_dirs=[os.path.join(prefix, "lib")],
-        libraries=["ucp", "ucs", "dl", "pthread"],
+        # ucxcomm_csrc first: it needs libucp/libucs, which come after it.
+        libraries=["ucxcomm_csrc", "ucp", "ucs", "dl", "pthread"],
     )
-    return ffibuilder
-
-
-ffibuilder = make_ffibuilder()
-
-if __name__ == "__main__":
-    os.chdir(ROOT)
-    ffibuilder.compile(verbose=True)
+    return cythonize([ext], language_level=3, quiet=True)

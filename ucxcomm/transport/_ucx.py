@@ -1,9 +1,11 @@
-"""The one module that imports ucxx and the cffi extension ``_ucp``.
+"""The one module that imports ucxx and the compiled extension ``_ucp``.
 
 Everything UCX-specific that the rest of the transport needs goes through here: lazy
-loading, context/worker/listener/endpoint creation with ucxx, UCX's constants, and the
-translation of UCX errors (``ucs_status_t`` values and ucxx exceptions alike) into
-``ucxcomm.errors`` through one table, :data:`STATUS_ERRORS`.
+loading (ucxx first: it loads libucp, which the extension links by soname), the
+extension itself (:data:`ucp`, for the worker and the RMA engines), context/worker/
+listener/endpoint creation with ucxx, UCX's constants, and the translation of UCX errors
+(``ucs_status_t`` values and ucxx exceptions alike) into ``ucxcomm.errors`` through one
+table, :data:`STATUS_ERRORS`.
 """
 
 from __future__ import annotations
@@ -27,12 +29,11 @@ __all__ = [
     "endpoint_from_conn_request",
     "endpoint_from_host",
     "endpoint_transports",
-    "ffi",
-    "lib",
     "libucp_path",
     "load",
     "status_error",
     "translate_error",
+    "ucp",
     "ucx_errors",
     "ucx_version",
 ]
@@ -56,21 +57,20 @@ STATUS_ERRORS: dict[str, type[UcxCommError]] = {
 
 _lib: Any = None  # ucxx._lib.libucxx once loaded
 _by_status: dict[int, tuple[str, type[UcxCommError]]] = {}
-#: The extension's ``ffi`` and ``lib``, set by :func:`load`.
-ffi: Any = None
-lib: Any = None
+#: The compiled extension (``ucxcomm/transport/_ucp.pyx``), set by :func:`load`.
+ucp: Any = None
 #: UCX constants by name (``const["UCP_ATOMIC_OP_ADD"]``), set by :func:`load`.
 const: dict[str, int] = {}
 
 
 def load() -> Any:
-    """Import ucxx (which loads libucp) and then the cffi extension bound to it.
+    """Import ucxx (which loads libucp) and then the compiled extension bound to it.
 
     This happens when the first worker is created, never at ``import ucxcomm``.
     Importing ucxx exports a few ``UCX_*`` defaults of its own; :func:`_restore_ucx_env`
     undoes them. Returns the ucxx low-level module.
     """
-    global _lib, ffi, lib
+    global _lib, ucp
     if _lib is not None:
         return _lib
     before = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
@@ -78,13 +78,11 @@ def load() -> Any:
 
     _restore_ucx_env(before)
     # Only after ucxx loaded libucp: the extension resolves libucp.so.0 by soname.
-    from . import _ucp  # type: ignore[attr-defined]  # built by tools/build_ucp.py
+    from . import _ucp as ext  # type: ignore[attr-defined]  # built by tools/build_ucp.py
 
-    ffi, lib = _ucp.ffi, _ucp.lib
-    count = ffi.new("size_t *")
-    table = lib.ucxcomm_constants(count)
-    for i in range(count[0]):
-        const[ffi.string(table[i].name).decode()] = int(table[i].value)
+    ucp = ext
+    ext.set_status_error(status_error)
+    const.update(ext.constants())
     for name, exc in STATUS_ERRORS.items():
         _by_status[const[name]] = (name, exc)
     _lib = libucxx
@@ -110,13 +108,13 @@ def _restore_ucx_env(before: dict[str, str]) -> None:
 def ucx_version() -> str:
     """The version string of the libucp actually loaded."""
     load()
-    return str(ffi.string(lib.ucxcomm_version_string()).decode())
+    return str(ucp.version_string())
 
 
 def libucp_path() -> str:
     """Path of the libucp shared object in use (wheel or system)."""
     load()
-    return str(ffi.string(lib.ucxcomm_libucp_path()).decode())
+    return str(ucp.libucp_path())
 
 
 # ------------------------------------------------------------------ errors
@@ -133,7 +131,7 @@ def _make(exc: type[UcxCommError], status_name: str, text: str, peer: Any,
 
 def status_error(status: int, peer: Any = None, what: str = "operation") -> UcxCommError:
     """The ucxcomm exception for a negative ``ucs_status_t``."""
-    text = ffi.string(lib.ucxcomm_status_string(status)).decode()
+    text = ucp.status_string(status)
     name, exc = _by_status.get(status, (f"ucs_status_t {status}", UcxCommError))
     return _make(exc, name, text, peer, what)
 
@@ -235,12 +233,11 @@ def close_endpoint(ucx_ep: Any) -> None:
 def endpoint_transports(ep_handle: int) -> list[tuple[str, str]]:
     """The (transport, device) lanes UCX chose for an endpoint (``ucp_ep_query``)."""
     load()
-    out = ffi.new("char[]", 4096)
-    status = lib.ucxcomm_ep_transports(ep_handle, out, 4096)
+    status, text = ucp.ep_transports(ep_handle)
     if status != 0:
         raise status_error(status, what="ucp_ep_query")
     lanes = []
-    for item in filter(None, ffi.string(out).decode().split(";")):
+    for item in filter(None, text.split(";")):
         tl, _, dev = item.partition("/")
         lanes.append((tl, dev))
     return lanes

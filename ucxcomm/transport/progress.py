@@ -102,6 +102,12 @@ class Progress:
         self._closed = False
         self._task: asyncio.Task | None = None
 
+    @property
+    def ready(self) -> deque[Any] | None:
+        """The loop's ready queue (see :func:`ready_queue`): compiled sources that spin
+        in place read it, by this policy, to stop when other callbacks want the loop."""
+        return self._ready
+
     def add(self, source: Source) -> None:
         """Drive ``source`` too (the first one added starts the progress task)."""
         self._sources.append(source)

@@ -35,11 +35,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+from numpy import ndarray as _ndarray
 
 from .. import settings
-from ..errors import ClosedError, WindowError
+from ..errors import ClosedError, UnsupportedError, WindowError
 from . import _ucx
-from ._target import host_target, target
 from .base import Region, Remote
 from .progress import Progress
 
@@ -52,12 +52,10 @@ _SECTION = struct.Struct("<BII")  # v1 protocols?, address length, packed rkey l
 _MAGIC = b"UCR2"
 _AMO_TYPES = {np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.int64),
               np.dtype(np.uint64)}
-# dtype -> (cffi type, size, signed); also keyed by the dtype-like objects callers pass
-_CTYPES: dict[Any, tuple[str, int, bool]] = {}
-for _t, _c in ((np.int32, "int32_t *"), (np.uint32, "uint32_t *"), (np.int64, "int64_t *"),
-               (np.uint64, "uint64_t *")):
-    _CTYPES[_t] = _CTYPES[np.dtype(_t)] = (_c, np.dtype(_t).itemsize,
-                                           np.dtype(_t).kind == "i")
+# dtype -> (size, signed); also keyed by the dtype-like objects callers pass
+_CTYPES: dict[Any, tuple[int, bool]] = {}
+for _t in (np.int32, np.uint32, np.int64, np.uint64):
+    _CTYPES[_t] = _CTYPES[np.dtype(_t)] = (np.dtype(_t).itemsize, np.dtype(_t).kind == "i")
 _OPS = {"add": "UCP_ATOMIC_OP_ADD", "swap": "UCP_ATOMIC_OP_SWAP",
         "cswap": "UCP_ATOMIC_OP_CSWAP", "and": "UCP_ATOMIC_OP_AND",
         "or": "UCP_ATOMIC_OP_OR", "xor": "UCP_ATOMIC_OP_XOR"}
@@ -72,20 +70,11 @@ def _stop_threads() -> None:
         eng.close()
 
 
-def _wrap(value: Any, size: int, signed: bool) -> int:
-    """``value`` as the ``size``-byte integer the hardware would see (two's complement)."""
-    bits = size * 8
-    v = int(value) & ((1 << bits) - 1)
-    if signed and v >> (bits - 1):
-        v -= 1 << bits
-    return v
-
-
 class _RmaOp:
-    __slots__ = ("future", "keep", "req")
+    __slots__ = ("future", "request")
 
-    def __init__(self, req: Any, future: asyncio.Future, keep: Any) -> None:
-        self.req, self.future, self.keep = req, future, keep
+    def __init__(self, request: Any, future: asyncio.Future) -> None:
+        self.request, self.future = request, future  # (the request keeps the memory)
 
 
 class RmaEngine:
@@ -110,36 +99,31 @@ class RmaEngine:
     def __init__(self, options: dict[str, str], progress: Progress,
                  loop: asyncio.AbstractEventLoop) -> None:
         _ucx.load()
-        ffi, lib = self._ffi, self._lib = _ucx.ffi, _ucx.lib
+        ucp = self._ucp = _ucx.ucp
         self.options = dict(options)
         self.proto_v1 = self.options.get("PROTO_ENABLE", "").lower() in ("n", "no", "0")
-        keys = [ffi.new("char[]", k.encode()) for k in self.options]
-        values = [ffi.new("char[]", v.encode()) for v in self.options.values()]
-        out = ffi.new("void *[1]")
-        err = ffi.new("char[256]")
         spin_s = settings.get("UCXCOMM_RMA_SPIN_US") * 1e-6
-        st = lib.ucxcomm_rma_create(ffi.new("char *[]", keys), ffi.new("char *[]", values),
-                                    len(keys), spin_s, out, err, 256)
+        st, handle, err = ucp.rma_create(self.options, spin_s)
         if st != 0:
-            raise _ucx.status_error(st, what="creating the RMA engine "
-                                    f"({ffi.string(err).decode()})")
-        self.handle = out[0]
+            raise _ucx.status_error(st, what=f"creating the RMA engine ({err})")
+        self.handle: int = handle
         self.closed = False
         _live.add(self)
-        buf = ffi.new("char[4096]")
-        n = ffi.new("size_t[1]")
-        st = lib.ucxcomm_rma_address(self.handle, buf, 4096, n)
+        st, address = ucp.rma_address(handle)
         if st != 0:
             self.close()
             raise _ucx.status_error(st, what="RMA worker address")
-        self.address = bytes(ffi.buffer(buf, n[0]))
-        self._fd = lib.ucxcomm_rma_notify_fd(self.handle)
+        self.address: bytes = address
+        self._fd = ucp.rma_notify_fd(handle)
         self._eps: dict[bytes, int] = {}
         self._regions: list[MemoryRegion] = []
-        self.req_out = ffi.new("void *[1]")
         self.amo = {op: _ucx.const[name] for op, name in _OPS.items()}
+        self._request_type = ucp.RmaRequest
         self._ops: list[_RmaOp] = []
         self._progress = progress
+        #: How long an operation waits in place before it becomes a future (the
+        #: progress policy's spin time).
+        self.spin_s = progress.spin_s
         self._loop = loop
         progress.add(self)
 
@@ -148,11 +132,10 @@ class RmaEngine:
         self.check()
         ep = self._eps.get(address)
         if ep is None:
-            out = self._ffi.new("uintptr_t[1]")
-            st = self._lib.ucxcomm_rma_connect(self.handle, address, out)
+            st, ep = self._ucp.rma_connect(self.handle, address)
             if st != 0:
                 raise _ucx.status_error(st, what="RMA connect")
-            ep = self._eps[address] = int(out[0])
+            self._eps[address] = ep
         return ep
 
     def check(self) -> None:
@@ -160,46 +143,30 @@ class RmaEngine:
             raise ClosedError("the RMA engine is closed")
 
     # ------------------------------------------------------------ requests
-    async def wait(self, st: int, keep: Any = None, req: Any = None) -> None:
-        """Await the operation just posted with status ``st`` (its request in
-        ``req_out``, unless given as ``req``); ``keep`` stays alive until UCX is done
-        with it.
-
-        A small operation usually completes within microseconds: it is first waited for
-        in place (:meth:`Progress.spin`, while the event loop is idle), like a blocking
-        receive; only then does it become a future for :meth:`Progress.wait`.
-        """
-        if st == 0:
-            return
-        if st < 0:
-            raise _ucx.status_error(st, what="RMA")
-        if req is None:
-            req = self.req_out[0]
-        lib = self._lib
-        st = self._progress.spin_request(lib.ucxcomm_rma_progress, self.handle,
-                                         lib.ucxcomm_rma_test, req, 1)  # UCXCOMM_INPROGRESS
-        if st != 1:
-            if st < 0:
-                raise _ucx.status_error(st, what="RMA")
-            return
+    async def finish(self, outcome: Any) -> Any:
+        """The result of a compiled ``rma_*`` call: None or a value when it completed in
+        place (returned as is), else its request (awaited through the progress engine;
+        the fetched value, if any, returned)."""
+        if type(outcome) is not self._request_type:
+            return outcome
         fut = self._loop.create_future()
-        self._ops.append(_RmaOp(req, fut, keep))
+        self._ops.append(_RmaOp(outcome, fut))
         await self._progress.wait(fut, self.poll)
+        return outcome.value()
 
     # ------------------------------------------------------ progress source
     def pending(self) -> bool:
         return bool(self._ops)
 
     def poll(self) -> int:
-        self._lib.ucxcomm_rma_progress(self.handle)
+        self._ucp.rma_progress(self.handle)
         return self._test()
 
     def _test(self) -> int:
-        test = self._lib.ucxcomm_rma_test
         keep, done = [], 0
         for op in self._ops:
-            st = test(op.req)
-            if st == 1:
+            st = op.request.test()
+            if st == 1:  # UCXCOMM_INPROGRESS
                 keep.append(op)
                 continue
             done += 1
@@ -212,11 +179,11 @@ class RmaEngine:
         return done
 
     def arm(self) -> bool:
-        self._lib.ucxcomm_rma_arm(self.handle)
+        self._ucp.rma_arm(self.handle)
         return not self._test()
 
     def disarm(self) -> None:
-        self._lib.ucxcomm_rma_disarm(self.handle)
+        self._ucp.rma_disarm(self.handle)
 
     def fileno(self) -> int:
         return int(self._fd)
@@ -238,9 +205,9 @@ class RmaEngine:
         for region in list(self._regions):
             region.close()
         for ep in self._eps.values():
-            self._lib.ucxcomm_rma_ep_close(self.handle, ep)
+            self._ucp.rma_ep_close(self.handle, ep)
         self._eps.clear()
-        self._lib.ucxcomm_rma_destroy(self.handle)
+        self._ucp.rma_destroy(self.handle)
 
 
 class RmaEngines:
@@ -323,27 +290,22 @@ class MemoryRegion(Region):
 
     def __init__(self, engines: RmaEngines, buf: Any) -> None:
         engs = engines.local()
-        ffi = _ucx.ffi
-        ptr, nbytes, self._keep, _ = target(buf, writable=True, cuda=True)
-        self.nbytes = nbytes
-        self.address = int(ffi.cast("uintptr_t", ptr))
-        self._maps: list[tuple[RmaEngine, Any]] = []
+        ucp = _ucx.ucp
+        addr, nbytes, self._keep, _ = ucp.target(buf, True, True)
+        self.nbytes: int = nbytes
+        self.address: int = addr
+        self._maps: list[tuple[RmaEngine, int]] = []
         self.closed = False
         sections = []
         try:
             for eng in engs:
-                lib = eng._lib
-                memh = ffi.new("void *[1]")
-                st = lib.ucxcomm_rma_mem_map(eng.handle, ptr, max(nbytes, 1), memh)
+                st, memh = ucp.rma_mem_map(eng.handle, addr, max(nbytes, 1))
                 if st != 0:
                     raise _ucx.status_error(st, what="memory registration")
-                self._maps.append((eng, memh[0]))
-                kbuf = ffi.new("char[8192]")
-                n = ffi.new("size_t[1]")
-                st = lib.ucxcomm_rma_rkey_pack(eng.handle, memh[0], kbuf, 8192, n)
+                self._maps.append((eng, memh))
+                st, packed = ucp.rma_rkey_pack(eng.handle, memh)
                 if st != 0:
                     raise _ucx.status_error(st, what="rkey pack")
-                packed = bytes(ffi.buffer(kbuf, n[0]))
                 sections.append(_SECTION.pack(int(eng.proto_v1), len(eng.address),
                                               len(packed)) + eng.address + packed)
         except BaseException:
@@ -363,7 +325,7 @@ class MemoryRegion(Region):
             if listed:
                 eng._regions.remove(self)
             if not eng.closed or listed:  # a closing engine closes its regions first
-                eng._lib.ucxcomm_rma_mem_unmap(eng.handle, memh)
+                _ucx.ucp.rma_mem_unmap(eng.handle, memh)
         self._maps = []
 
 
@@ -396,16 +358,15 @@ class RemoteMemory(Remote):
 
     def __init__(self, engines: RmaEngines, rkey: bytes, address: int, nbytes: int) -> None:
         found = _parse_rkey(bytes(rkey))
-        self._targets: list[tuple[RmaEngine, int, Any]] = []
+        self._targets: list[tuple[RmaEngine, int, int]] = []
         by_kind = {}
         for v1, (peer, packed) in found.items():
             eng = engines.engine(v1)
             ep = eng.endpoint(peer)
-            out = eng._ffi.new("void *[1]")
-            st = eng._lib.ucxcomm_rma_rkey_unpack(ep, packed, out)
+            st, key = _ucx.ucp.rma_rkey_unpack(ep, packed)
             if st != 0:
                 raise _ucx.status_error(st, what="rkey unpack")
-            by_kind[v1] = (eng, ep, out[0])
+            by_kind[v1] = (eng, ep, key)
             self._targets.append(by_kind[v1])
         # bulk transfers on the v2 engine, atomics on the v1 one (when the owner has both)
         self._eng, self._ep, self._rkey = by_kind.get(False) or by_kind[True]
@@ -431,47 +392,69 @@ class RemoteMemory(Remote):
             lanes.extend(lane for lane in _ucx.endpoint_transports(ep) if lane not in lanes)
         return lanes
 
+    def _origin(self, buf: Any, writable: bool, what: str) -> Any:
+        """A host buffer as a target (the slow path: F order, bytes-like objects; GPU
+        memory is refused)."""
+        t = _ucx.ucp.target(buf, writable, True)
+        if t[3]:
+            raise UnsupportedError(f"{what}: GPU origin buffers are not supported for RMA "
+                                   "yet; pass host memory")
+        return t
+
     async def put(self, buf: Any, offset: int = 0) -> None:
         """Write ``buf`` at ``offset``; returns when ``buf`` may be reused."""
         eng = self._eng
-        src, n, keep, _ = host_target(buf, False, "put")
-        raddr = self._check(offset, n, "put")
-        st = eng._lib.ucxcomm_rma_put(eng.handle, self._ep, src, n, raddr, self._rkey,
-                                      eng.req_out)
-        await eng.wait(st, keep)
+        ucp = eng._ucp
+        if type(buf) is _ndarray and buf.flags.c_contiguous:  # one call into UCX
+            raddr = self._check(offset, buf.nbytes, "put")
+            out = ucp.rma_put(eng.handle, self._ep, buf, raddr, self._rkey, eng.spin_s)
+        else:
+            t = self._origin(buf, False, "put")
+            raddr = self._check(offset, t[1], "put")
+            out = ucp.rma_put_at(eng.handle, self._ep, t, raddr, self._rkey, eng.spin_s)
+        if out is not None:
+            await eng.finish(out)
 
     async def get(self, buf: Any, offset: int = 0) -> None:
         """Read ``len(buf)`` bytes at ``offset`` into ``buf``."""
         eng = self._eng
-        dst, n, keep, _ = host_target(buf, True, "get")
-        raddr = self._check(offset, n, "get")
-        st = eng._lib.ucxcomm_rma_get(eng.handle, self._ep, dst, n, raddr, self._rkey,
-                                      eng.req_out)
-        await eng.wait(st, keep)
+        ucp = eng._ucp
+        if type(buf) is _ndarray and buf.flags.c_contiguous and buf.flags.writeable:
+            raddr = self._check(offset, buf.nbytes, "get")
+            out = ucp.rma_get(eng.handle, self._ep, buf, raddr, self._rkey, eng.spin_s)
+        else:
+            t = self._origin(buf, True, "get")
+            raddr = self._check(offset, t[1], "get")
+            out = ucp.rma_get_at(eng.handle, self._ep, t, raddr, self._rkey, eng.spin_s)
+        if out is not None:
+            await eng.finish(out)
 
     async def flush(self) -> None:
         """Complete, at the target, every operation issued to this peer."""
         if self.closed:
             raise ClosedError("this remote memory was closed")
         for eng, ep, _ in self._targets:
-            await eng.wait(eng._lib.ucxcomm_rma_flush(eng.handle, ep, eng.req_out))
+            out = eng._ucp.rma_flush(eng.handle, ep, eng.spin_s)
+            if out is not None:
+                await eng.finish(out)
 
     def _amo_args(self, op: str, offset: int, dtype: Any, count: int
-                  ) -> tuple[tuple[str, int, bool], int, int]:
-        """Checked ``(ctype, opcode, remote address)`` for ``count`` elements at ``offset``."""
+                  ) -> tuple[int, bool, int, int]:
+        """Checked ``(size, signed, opcode, remote address)`` for ``count`` elements at
+        ``offset``."""
         ctype = _CTYPES.get(dtype)
         if ctype is None:
             dt = np.dtype(dtype)
             if dt not in _AMO_TYPES:
                 raise TypeError(f"remote atomics work on 32/64-bit integers, not {dt}")
             ctype = _CTYPES[dtype] = _CTYPES[dt]
-        size = ctype[1]
+        size, signed = ctype
         opcode = self._aeng.amo.get(op)
         if opcode is None:
             raise ValueError(f"unknown atomic op {op!r}")
         if offset % size:
             raise WindowError(f"atomic at offset {offset} is not {size}-byte aligned")
-        return ctype, opcode, self._check(offset, size * count, f"atomic {op}")
+        return size, signed, opcode, self._check(offset, size * count, f"atomic {op}")
 
     async def atomic_many(self, op: str, values: Iterable[Any], offset: int,
                           dtype: Any = np.uint64, fetch: bool = False) -> list[int] | None:
@@ -480,48 +463,41 @@ class RemoteMemory(Remote):
         atomic; the batch is not). Returns the previous values when ``fetch``."""
         if op == "cswap":
             raise ValueError("atomic_many does not do compare-and-swap")
-        vals = list(values)
-        (cname, size, signed), opcode, raddr = self._amo_args(op, offset, dtype, len(vals))
-        if not vals:
-            return [] if fetch else None
+        vals = [int(v) for v in values]
+        size, signed, opcode, raddr = self._amo_args(op, offset, dtype, len(vals))
         eng = self._aeng
-        ffi, lib = eng._ffi, eng._lib
-        arr = ffi.new(cname[:-1] + "[]", [_wrap(v, size, signed) for v in vals])
-        reply = ffi.new(cname[:-1] + "[]", len(vals)) if fetch else ffi.NULL
-        waits = []
+        atomic = eng._ucp.rma_atomic
+        # Posted without waiting in place (spin 0): all in flight, then collected; the
+        # requests (which own their reply words) are awaited even if a later post fails.
+        outs: list[Any] = []
         try:
-            for i in range(len(vals)):
-                st = lib.ucxcomm_rma_atomic(eng.handle, self._aep, opcode, arr + i,
-                                            reply + i if fetch else ffi.NULL, size,
-                                            raddr + i * size, self._arkey, eng.req_out)
-                if st:
-                    waits.append(eng.wait(st, (arr, reply)))
+            for i, v in enumerate(vals):
+                outs.append(atomic(eng.handle, self._aep, opcode, size, signed, v, None,
+                                   fetch, raddr + i * size, self._arkey, 0.0))
         finally:
-            # (buffers stay alive until every request is done; the first error wins)
-            results = await asyncio.gather(*waits, return_exceptions=True)
+            results = await asyncio.gather(*(eng.finish(o) for o in outs),
+                                           return_exceptions=True)
+        olds: list[int] = []
         for res in results:
             if isinstance(res, BaseException):
                 raise res
-        return list(reply) if fetch else None
+            olds.append(res)
+        return olds if fetch else None
 
     async def atomic(self, op: str, value: Any, offset: int, dtype: Any = np.uint64,
                      fetch: bool = True, compare: Any = None) -> Any:
         """Remote atomic ``op`` (add, swap, cswap, and, or, xor) on a 32- or 64-bit
-        integer at ``offset``; returns the previous value when ``fetch``."""
-        (cname, size, signed), opcode, raddr = self._amo_args(op, offset, dtype, 1)
+        integer at ``offset``; returns the previous value when ``fetch`` (always for
+        cswap, whose ``compare`` is the expected value). Values wrap like the hardware's
+        (two's complement at the element's width)."""
+        size, signed, opcode, raddr = self._amo_args(op, offset, dtype, 1)
         eng = self._aeng
-        ffi = eng._ffi
-        val = ffi.new(cname, _wrap(value, size, signed))  # wraps like the hardware does
-        reply = ffi.NULL
-        if op == "cswap":  # UCP: the operand is the compare value, the reply buffer
-            val, reply = ffi.new(cname, _wrap(compare, size, signed)), val  # brings the new
-        elif fetch:                                                        # value in
-            reply = ffi.new(cname)
-        st = eng._lib.ucxcomm_rma_atomic(eng.handle, self._aep, opcode, val, reply, size,
-                                         raddr, self._arkey, eng.req_out)
-        if st:
-            await eng.wait(st, (val, reply))
-        return None if reply == ffi.NULL else reply[0]
+        out = eng._ucp.rma_atomic(eng.handle, self._aep, opcode, size, signed, int(value),
+                                  None if op != "cswap" else int(compare), fetch, raddr,
+                                  self._arkey, eng.spin_s)
+        if type(out) is eng._request_type:
+            return await eng.finish(out)
+        return out
 
     def close(self) -> None:
         """Release the key (idempotent)."""
@@ -529,4 +505,4 @@ class RemoteMemory(Remote):
             self.closed = True
             for eng, _, rkey in self._targets:
                 if not eng.closed:
-                    eng._lib.ucxcomm_rma_rkey_destroy(rkey)
+                    _ucx.ucp.rma_rkey_destroy(rkey)

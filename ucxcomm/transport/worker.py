@@ -1,14 +1,14 @@
 """``Worker``: one process's UCX worker (tag messages and, through its RMA engines,
 one-sided operations), driven by the running asyncio loop.
 
-* The tag path (send, receive, probe, request test) calls UCP directly through the cffi
-  extension on the ucxx-owned worker and endpoint handles: ucxx's Python request objects
-  cost 4-8 us each, a cffi call well under 1 us.
+* The per-message engine is compiled (:class:`ucxcomm.transport._ucp.TagEngine`, Cython
+  over ``csrc/tag.c``): posting sends and receives, matched-probe receives in MPI
+  matching order, the in-place wait for a prompt message, and one ``poll()`` call that
+  progresses UCX and completes every finished operation (futures resolved per batch).
+  Its methods are bound onto the worker (see :data:`_ENGINE_METHODS`): a send or receive
+  crosses into compiled code once. Design and measurements: docs/design.md.
 * The worker is a progress source (:mod:`ucxcomm.transport.progress` spins, arms and
-  sleeps for it): pending operations live in two tables, posted UCP requests
-  (``_reqs``, order irrelevant) and matched-probe receives (``_probes``, in posting
-  order, which gives MPI's matching order); :meth:`Worker.poll` tests them all and
-  resolves asyncio futures on the loop thread: no notifier thread.
+  sleeps for it).
 * Receives that must report sender and size use a *matched probe*: probe with removal,
   then receive the message by handle into a buffer chosen once its size is known, so a
   message of unknown size is received exactly once.
@@ -22,16 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine
 from typing import Any
-
-import numpy as _np
 
 from .. import settings
 from ..errors import ClosedError, PeerFailure
 from . import _ucx
-from ._target import subtarget, target
-from .base import FULL_MASK, Link, Peers, Region, Remote, Target, Transport
+from .base import FULL_MASK, Link, Peers, RecvResult, Region, Remote, Target, Transport
 from .config import Plan, check_lanes, policy_from, prepare
 from .endpoint import Endpoint
 from .progress import Progress
@@ -76,43 +73,13 @@ def pin_mmap_threshold() -> int | None:
 #: After a peer is declared dead, what already arrived from it is still delivered for
 #: this long before its pending operations fail.
 PEER_GRACE_S = 0.05
-#: Fast-completion sends only below this size: above it UCX uses rendezvous either way,
-#: and over TCP the fast-completion variant cut 64 MiB bandwidth from ~2.2 to 0.7 GB/s.
-FAST_SEND_MAX = 256 * 1024
 
-
-class _Op:
-    """One pending transport operation, polled by the progress task.
-
-    Attributes default at class level: creating an op on the hot path only sets the
-    few that differ (measurably cheaper than initializing every slot).
-    """
-
-    req: Any = None  # the UCP request (cdata) while in flight
-    is_recv = False
-    keep: Any = None  # keeps memory alive while UCX may touch it
-    ptr: Any = None  # receive target ("into" ops)
-    cap = 0
-    device = False
-    scratch: Any = None  # (array, pointer) when a message outgrew the buffer
-    tag = 0
-    mask = FULL_MASK
-    alloc = False  # matched-probe op that allocates the buffer on match
-    peek = False  # probe op that only watches (does not consume)
-    sender_tag = 0
-    length = 0
-    done = False
-    settled: asyncio.Future | None = None
-    finish: Callable[[Any], Any] | None = None  # maps the result before it is delivered
-
-    def __init__(self, future: asyncio.Future | None, peers: Peers) -> None:
-        self.future: Any = future  # None only until _post_match decides
-        self.peers = peers
-
-    def mark_settled(self) -> None:
-        self.done = True
-        if self.settled is not None and not self.settled.done():
-            self.settled.set_result(None)
+#: Methods of the compiled engine bound onto every Worker instance (they shadow the
+#: documented methods below, which say what each does): the hot paths cost one call
+#: into compiled code, not a Python frame plus one.
+_ENGINE_METHODS = ("send", "send_raw", "send_ptr", "recv_ptr", "subtarget", "tag_recv",
+                   "recv_into", "recv_alloc", "probe", "probe_wait", "cancel",
+                   "stream_send", "stream_recv", "pending", "poll")
 
 
 class Worker(Transport):
@@ -152,23 +119,16 @@ class Worker(Transport):
         pin_mmap_threshold()
         self._context = _ucx.create_context(self.options)
         self._worker = _ucx.create_worker(self._context)
-        self._wh = self._worker.handle
         self._fd = self._worker.epoll_file_descriptor
-        self._ffi, self._lib = _ucx.ffi, _ucx.lib
-        self._INPROGRESS = self._lib.UCXCOMM_INPROGRESS
-        self._req_out = self._ffi.new("void *[1]")
-        self._msg_out = self._ffi.new("void *[1]")
-        self._tag_out = self._ffi.new("uint64_t[1]")
-        self._len_out = self._ffi.new("size_t[1]")
+        self._cuda = bool(self._context.cuda_support)
         if spin_us is None:
             spin_us = settings.get("UCXCOMM_SPIN_US")
-        self._reqs: list[_Op] = []  # UCP requests in flight (order irrelevant)
-        self._probes: list[_Op] = []  # matched-probe receives, in posting order
-        self._graveyard: list[Any] = []  # memory of abandoned operations
-        self._dead: dict[Any, tuple[float, BaseException]] = {}
-        self._closed = False
-        self._cuda = bool(self._context.cuda_support)
         self._progress = Progress(self._loop, spin_us * 1e-6, on_cancel=self.abort)
+        eng = self._eng = _ucx.ucp.TagEngine()
+        eng._engine_setup(self._worker.handle, self._loop, self._progress.ready,
+                          self._progress.spin_s, self._cuda, _ucx.status_error)
+        for name in _ENGINE_METHODS:
+            setattr(self, name, getattr(eng, name))
         self._progress.add(self)
         self._rma = RmaEngines(self.options, self._plan.rdma, self._progress, self._loop)
         self.endpoints: list[Endpoint] = []
@@ -185,7 +145,7 @@ class Worker(Transport):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return bool(self._eng._closed)
 
     @property
     def plan(self) -> Plan:
@@ -264,279 +224,86 @@ class Worker(Transport):
         self.endpoints.append(ep)
         return ep
 
-    # ------------------------------------------------------------ operations
     def _check_open(self) -> None:
-        if self._closed:
+        if self._eng._closed:
             raise ClosedError("the worker is closed")
 
+    # ------------------------------------------------------------ operations
+    # The engine's methods, bound per instance in __init__; these definitions document
+    # them (and serve anyone calling through the class).
     def send_ptr(self, obj: Any) -> Target:
-        """``(pointer, nbytes, keepalive, device)`` of a send buffer, validated.
+        """``(address, nbytes, keepalive, device)`` of a send buffer, validated.
 
         Raises
         ------
         TypeError, ValueError
             Not a buffer / not contiguous. UnsupportedError: GPU memory without CUDA.
         """
-        return target(obj, False, self._cuda)
+        return self._eng.send_ptr(obj)  # type: ignore[no-any-return]
 
     def recv_ptr(self, obj: Any) -> Target:
         """Like :meth:`send_ptr` for a receive buffer (must also be writable)."""
-        try:  # the common case inline (every receive comes here): see _target.target
-            ptr = self._ffi.from_buffer(obj, require_writable=True)
-            return ptr, len(ptr), ptr, False
-        except (TypeError, ValueError, BufferError):
-            return target(obj, True, self._cuda)
+        return self._eng.recv_ptr(obj)  # type: ignore[no-any-return]
 
     def subtarget(self, t: Target, offset: int, nbytes: int) -> Target:
-        """Bytes ``[offset, offset + nbytes)`` of a target from :meth:`send_ptr` /
-        :meth:`recv_ptr` (same memory, no copy)."""
-        return subtarget(t, offset, nbytes)
-
-    def _dead_error(self, peers: Iterable | None) -> BaseException | None:
-        if not self._dead or peers is None:
-            return None
-        now = time.monotonic()
-        for p in peers:
-            entry = self._dead.get(p)
-            if entry is not None and now >= entry[0]:
-                return entry[1]
-        return None
-
-    def _track(self, op: _Op) -> asyncio.Future:
-        # No wake-up here: the caller either awaits through complete() (which
-        # progresses the worker itself) or calls wake() (non-blocking operations).
-        self._reqs.append(op)
-        return op.future
+        """Bytes ``[offset, offset + nbytes)`` of a target (same memory, no copy)."""
+        return self._eng.subtarget(t, offset, nbytes)  # type: ignore[no-any-return]
 
     def send(self, ep_handle: int, obj: Any, tag: int, peers: Peers,
              fast: bool = False) -> asyncio.Future | None:
-        """Post a tag send of buffer ``obj``; ``None`` if it completed at once, else a future.
+        """Post a tag send of buffer ``obj``; ``None`` if it completed at once, else a
+        future. ``fast`` requests UCX's fast-completion protocols below 256 KiB (a win
+        on shared memory, a loss on TCP: the endpoint decides)."""
+        return self._eng.send(ep_handle, obj, tag, peers, fast)  # type: ignore[no-any-return]
 
-        ``fast`` requests UCX's fast-completion protocols for messages below
-        ``FAST_SEND_MAX`` (a win on shared memory, a loss on TCP: the endpoint decides).
-        """
-        return self.send_raw(ep_handle, target(obj, False, self._cuda), tag, peers, fast)
-
-    def send_raw(self, ep_handle: int, target: Target, tag: int,
-                 peers: Peers, fast: bool = False) -> asyncio.Future | None:
-        if self._closed:
-            raise ClosedError("the worker is closed")
-        if self._dead:
-            err = self._dead_error(peers)
-            if err is not None:
-                raise err
-        ptr, nbytes, keep, _ = target
-        st = self._lib.ucxcomm_tag_send(ep_handle, ptr, nbytes, tag,
-                                        fast and nbytes < FAST_SEND_MAX, self._req_out)
-        if st == 0:
-            return None
-        if st < 0:
-            raise _ucx.status_error(st, _first(peers), "send")
-        op = _Op(self._loop.create_future(), peers)
-        op.req, op.keep = self._req_out[0], keep
-        return self._track(op)
+    def send_raw(self, ep_handle: int, target: Target, tag: int, peers: Peers,
+                 fast: bool = False) -> asyncio.Future | None:
+        """Like :meth:`send` for a target from :meth:`send_ptr`."""
+        return self._eng.send_raw(  # type: ignore[no-any-return]
+            ep_handle, target, tag, peers, fast)
 
     def tag_recv(self, target: Target, tag: int, mask: int = FULL_MASK,
                  peers: Peers = None) -> asyncio.Future | None:
-        """Worker-level receive with a tag mask into ``target`` (from :meth:`recv_ptr`);
-        ``None`` when it completed at once. Sender and size are not reported."""
-        self._check_open()
-        ptr, nbytes, keep, _ = target
-        st = self._lib.ucxcomm_tag_recv(self._wh, ptr, nbytes, tag, mask,
-                                        self._req_out, self._tag_out, self._len_out)
-        if st == 0:
-            return None
-        if st < 0:
-            raise _ucx.status_error(st, _first(peers), "receive")
-        op = _Op(self._loop.create_future(), peers)
-        op.req, op.keep, op.is_recv = self._req_out[0], keep, True
-        return self._track(op)
+        """Worker-level receive with a tag mask into ``target``; ``None`` when it
+        completed at once. Sender and size are not reported."""
+        return self._eng.tag_recv(target, tag, mask, peers)  # type: ignore[no-any-return]
 
     def stream_send(self, ep_handle: int, target: Target,
                     peers: Peers) -> asyncio.Future | None:
         """Stream bytes to an endpoint (connection handshakes); None if done at once."""
-        self._check_open()
-        ptr, nbytes, keep, _ = target
-        st = self._lib.ucxcomm_stream_send(ep_handle, ptr, nbytes, self._req_out)
-        return self._stream_op(st, keep, peers, "stream send")
+        return self._eng.stream_send(ep_handle, target, peers)  # type: ignore[no-any-return]
 
     def stream_recv(self, ep_handle: int, target: Target,
                     peers: Peers) -> asyncio.Future | None:
         """Receive exactly ``len(target)`` stream bytes from an endpoint."""
-        self._check_open()
-        ptr, nbytes, keep, _ = target
-        st = self._lib.ucxcomm_stream_recv(ep_handle, ptr, nbytes, self._req_out)
-        return self._stream_op(st, keep, peers, "stream receive")
-
-    def _stream_op(self, st: int, keep: Any, peers: Peers, what: str
-                   ) -> asyncio.Future | None:
-        if st == 0:
-            return None
-        if st < 0:
-            raise _ucx.status_error(st, _first(peers), what)
-        op = _Op(self._loop.create_future(), peers)
-        op.req, op.keep = self._req_out[0], keep  # polled with ucp_request_check_status
-        return self._track(op)
+        return self._eng.stream_recv(ep_handle, target, peers)  # type: ignore[no-any-return]
 
     def probe(self, tag: int, mask: int) -> tuple[int, int] | None:
         """Non-destructive probe: ``(sender_tag, nbytes)`` of the first match, or None."""
-        self._check_open()
-        self._lib.ucxcomm_progress(self._wh)
-        if not self._lib.ucxcomm_tag_probe(self._wh, tag, mask, 0, self._msg_out,
-                                           self._tag_out, self._len_out):
-            return None
-        return self._tag_out[0], self._len_out[0]
+        return self._eng.probe(tag, mask)  # type: ignore[no-any-return]
 
     def probe_wait(self, tag: int, mask: int, peers: Peers) -> asyncio.Future:
-        """Resolve to ``(sender_tag, nbytes)`` once a matching message is there (not consumed)."""
-        self._check_open()
-        op = _Op(self._loop.create_future(), peers)
-        op.tag, op.mask, op.peek = tag, mask, True
-        self._probes.append(op)
+        """Resolve to ``(sender_tag, nbytes)`` once a matching message is there (not
+        consumed)."""
+        fut = self._eng.probe_wait(tag, mask, peers)
         self._progress.kick()
-        return op.future
+        return fut  # type: ignore[no-any-return]
 
-    def recv_into(self, target: Target, tag: int, mask: int,
-                  peers: Peers, finish: Callable[[Any], Any] | None = None,
-                  spin: bool = False) -> tuple[int, int, int] | asyncio.Future:
-        """Matched-probe receive of the first message matching (tag, mask) into ``target``
-        (from :meth:`recv_ptr`).
+    def recv_into(self, target: Target, tag: int, mask: int, peers: Peers,
+                  finish: Callable[[Any], Any] | None = None,
+                  spin: bool = False) -> RecvResult | asyncio.Future:
+        """Matched-probe receive of the first message matching (tag, mask) into
+        ``target``: ``(sender_tag, nbytes, capacity)`` when it was there (or arrived
+        while ``spin`` waited in place), else a future resolving to the same (mapped by
+        ``finish``). ``nbytes > capacity``: consumed, the buffer holds its prefix."""
+        return self._eng.recv_into(  # type: ignore[no-any-return]
+            target, tag, mask, peers, finish, spin)
 
-        Returns ``(sender_tag, nbytes, capacity)`` when the message was already there and
-        is fully received, else a future resolving to the same. If ``nbytes >
-        capacity`` the message was consumed and the buffer holds its first ``capacity``
-        bytes (the caller reports the truncation). ``finish``, if given, maps the result
-        before the *future* delivers it (its exceptions become the future's); an
-        immediate tuple result is returned unmapped. ``spin=True`` (for callers about to
-        await the result) first waits for the message right here while the event loop
-        has nothing else to do.
-        """
-        self._check_open()
-        op = _Op(None, peers)  # type: ignore[arg-type]
-        op.tag, op.mask, op.finish = tag, mask, finish
-        op.ptr, op.cap, op.keep, op.device = target
-        return self._post_match(op, spin)
-
-    def recv_alloc(self, tag: int, mask: int, peers: Peers, spin: bool = False
-                   ) -> tuple[int, int, Any] | asyncio.Future:
+    def recv_alloc(self, tag: int, mask: int, peers: Peers,
+                   spin: bool = False) -> RecvResult | asyncio.Future:
         """Matched-probe receive into new memory of the message's size (a ``bytearray``
-        below 64 KiB, else a ``numpy.uint8`` array).
-
-        Returns (or resolves to) ``(sender_tag, nbytes, buffer)``.
-        """
-        self._check_open()
-        op = _Op(None, peers)  # type: ignore[arg-type]
-        op.tag, op.mask, op.alloc = tag, mask, True
-        return self._post_match(op, spin)
-
-    def _post_match(self, op: _Op, spin: bool = False) -> Any:
-        if not self._probes and (self._try_match(op) or (spin and self._spin_match(op))):
-            if op.req is None:  # completed on the spot
-                fut = op.future
-                if fut is not None:  # completed with an error
-                    return fut
-                return self._result(op)
-            op.future = self._loop.create_future()
-            return self._track(op)
-        op.future = self._loop.create_future()
-        self._probes.append(op)
-        return op.future
-
-    def _spin_match(self, op: _Op) -> bool:
-        """Wait for ``op``'s message right here while the event loop is idle (only
-        called when no earlier receive is pending, so matching order is kept)."""
-        return self._progress.spin(self._match_step, op)
-
-    def _match_step(self, op: _Op) -> bool:
-        self._lib.ucxcomm_progress(self._wh)
-        if self._try_match(op):
-            return True
-        if self._reqs:
-            self._poll()  # others' requests complete meanwhile
-        return False
-
-    def _result(self, op: _Op) -> Any:
-        if op.alloc:
-            return (op.sender_tag, op.length, op.keep[1])
-        return (op.sender_tag, op.length, op.cap)
-
-    def _try_match(self, op: _Op) -> bool:
-        """Probe for ``op``; on a match start (or finish) its receive. True if matched."""
-        lib = self._lib
-        if not lib.ucxcomm_tag_probe(self._wh, op.tag, op.mask, 0 if op.peek else 1,
-                                     self._msg_out, self._tag_out, self._len_out):
-            return False
-        stag, nbytes = self._tag_out[0], self._len_out[0]
-        if op.peek:
-            op.done = True
-            if not op.future.done():
-                op.future.set_result((stag, nbytes))
-            return True
-        op.sender_tag, op.length = stag, nbytes
-        msg = self._msg_out[0]
-        if op.alloc:
-            # Small: a bytearray is the cheapest allocation; large: numpy skips zeroing.
-            arr = bytearray(nbytes) if nbytes < 65536 else _np.empty(nbytes, dtype=_np.uint8)
-            ptr = self._ffi.from_buffer(arr, require_writable=True)
-            op.keep = (ptr, arr)
-        elif nbytes <= op.cap:
-            ptr = op.ptr
-        else:  # too large: take it whole into scratch memory, keep the prefix
-            if op.device:
-                import cupy
-
-                arr = cupy.empty(nbytes, dtype=cupy.uint8)
-                ptr = self._ffi.cast("void *", arr.data.ptr)
-            else:
-                arr = _np.empty(nbytes, dtype=_np.uint8)
-                ptr = self._ffi.from_buffer(arr, require_writable=True)
-            op.scratch = (arr, ptr)
-        st = lib.ucxcomm_msg_recv(self._wh, ptr, nbytes, msg, self._req_out,
-                                  self._tag_out, self._len_out)
-        op.is_recv = True
-        if st == self._INPROGRESS:
-            op.req = self._req_out[0]
-        else:
-            self._complete(op, st)
-        return True
-
-    def _complete(self, op: _Op, status: int) -> None:
-        op.req = None
-        op.mark_settled()
-        if status >= 0 and op.scratch is not None:
-            self._copy_prefix(op)
-        fut = op.future
-        if fut is None:  # finished on the spot, before a future existed
-            if status < 0:
-                op.future = fut = self._loop.create_future()
-                fut.set_exception(_ucx.status_error(status, _first(op.peers)))
-            return
-        if fut.done():
-            return
-        if status < 0:
-            fut.set_exception(_ucx.status_error(status, _first(op.peers)))
-        elif op.alloc or op.ptr is not None:
-            result = self._result(op)
-            if op.finish is not None:
-                try:
-                    result = op.finish(result)
-                except Exception as exc:
-                    fut.set_exception(exc)
-                    return
-            fut.set_result(result)
-        else:
-            fut.set_result(None)
-
-    def _copy_prefix(self, op: _Op) -> None:
-        arr, src = op.scratch
-        if op.device:
-            import cupy
-
-            dst = int(self._ffi.cast("uintptr_t", op.ptr))
-            cupy.cuda.runtime.memcpy(dst, arr.data.ptr, op.cap, 4)  # cudaMemcpyDefault
-        else:
-            self._ffi.memmove(op.ptr, src, op.cap)
-        op.scratch = None
+        below 64 KiB, else a ``numpy.uint8`` array): ``(sender_tag, nbytes, buffer)``."""
+        return self._eng.recv_alloc(tag, mask, peers, spin)  # type: ignore[no-any-return]
 
     def cancel(self, fut: asyncio.Future) -> bool:
         """Withdraw the receive behind ``fut`` if it has not matched a message yet.
@@ -545,31 +312,14 @@ class Worker(Transport):
         already matched (or any send) keeps running so that the message moves whole;
         await :meth:`settle` to know when UCX no longer touches its buffer.
         """
-        for i, op in enumerate(self._probes):
-            if op.future is fut:
-                del self._probes[i]
-                op.mark_settled()
-                if not fut.done():
-                    fut.cancel()
-                return True
-        for op in self._reqs:
-            if (op.future is fut and op.is_recv and op.ptr is None and not op.alloc
-                    and op.req is not None):
-                # A posted receive: UCP removes it if unmatched (it then completes
-                # with UCS_ERR_CANCELED); if matched, it completes normally.
-                self._lib.ucxcomm_cancel(self._wh, op.req)
-                return False
-        return False
+        return bool(self._eng.cancel(fut))
 
     async def settle(self, fut: asyncio.Future) -> None:
         """Return once the UCP request behind ``fut`` has finished (ok, failed or not)."""
-        for op in self._reqs:
-            if op.future is fut:
-                if op.settled is None:
-                    op.settled = self._loop.create_future()
-                self._progress.kick()
-                await asyncio.shield(op.settled)
-                return
+        settled = self._eng.settled_future(fut)
+        if settled is not None:
+            self._progress.kick()
+            await asyncio.shield(settled)
 
     def complete(self, fut: asyncio.Future) -> Coroutine[Any, Any, Any]:
         """Await ``fut``, progressing the worker from this task while it waits
@@ -579,11 +329,10 @@ class Worker(Transport):
 
     async def drain(self, peers: Peers, timeout: float) -> None:
         """Wait (at most ``timeout`` seconds) until no send to ``peers`` is in flight."""
-        pending = [op for op in self._reqs if not op.is_recv and op.peers == peers
-                   and op.future is not None and not op.future.done()]
+        pending = self._eng.pending_sends(peers)
         if pending:
             self._progress.kick()
-            await asyncio.wait([op.future for op in pending], timeout=timeout)
+            await asyncio.wait(pending, timeout=timeout)
 
     # ----------------------------------------------------------- peer failure
     def fail_peer(self, peer: Any, exc: BaseException | None = None,
@@ -594,18 +343,19 @@ class Worker(Transport):
         What it sent before dying is still delivered during a grace period
         (``PEER_GRACE_S`` unless given).
         """
-        if peer in self._dead:
+        dead = self._eng._dead
+        if peer in dead:
             return
         if exc is None:
             exc = PeerFailure(f"peer {peer} failed", peer=peer)
         if grace is None:
             grace = PEER_GRACE_S
-        self._dead[peer] = (time.monotonic() + grace, exc)
+        dead[peer] = (time.monotonic() + grace, exc)
         self._loop.call_later(grace * 1.5, self._progress.kick)
         self._progress.kick()
 
     def is_dead(self, peer: Any) -> bool:
-        return peer in self._dead
+        return peer in self._eng._dead
 
     # ------------------------------------------------------------- progress
     def wake(self) -> None:
@@ -613,25 +363,16 @@ class Worker(Transport):
         not be awaited through :meth:`complete` right away."""
         self._progress.kick()
 
-    # A progress source (ucxcomm.transport.progress.Source):
+    # A progress source (ucxcomm.transport.progress.Source); pending and poll are the
+    # engine's (bound in __init__).
     def pending(self) -> bool:
-        return bool(self._reqs or self._probes)
+        return bool(self._eng.pending())
 
     def poll(self) -> int:
-        self._lib.ucxcomm_progress(self._wh)
-        return self._poll() if (self._reqs or self._probes) else 0
+        return int(self._eng.poll())
 
     def arm(self) -> bool:
-        progress, wh = self._lib.ucxcomm_progress, self._wh
-        while progress(wh):
-            pass
-        if self._poll():
-            return False
-        armed = self._lib.ucxcomm_arm(wh)
-        if armed < 0:  # pragma: no cover - arming unsupported: sleep on the timer only
-            log.debug("ucp_worker_arm failed (%d)", armed)
-            return True
-        return armed == 1
+        return bool(self._eng.arm())
 
     def disarm(self) -> None:
         pass  # UCX's arm is one-shot: progress consumes the event
@@ -639,108 +380,26 @@ class Worker(Transport):
     def fileno(self) -> int:
         return int(self._fd)
 
-    def _poll(self) -> int:
-        """Poll every pending operation once; returns how many finished."""
-        finished = 0
-        if self._reqs:
-            test, inprogress = self._lib.ucxcomm_test, self._INPROGRESS
-            tag_out, len_out = self._tag_out, self._len_out
-            keep = []
-            for op in self._reqs:
-                req = op.req
-                if req is None:  # finished while polled elsewhere
-                    continue
-                st = test(req, op.is_recv, tag_out, len_out)
-                if st != inprogress:
-                    self._complete(op, st)
-                    finished += 1
-                elif self._dead and (err := self._dead_error(op.peers)) is not None:
-                    self._abandon(op, err)
-                    finished += 1
-                else:
-                    keep.append(op)
-            self._reqs = keep
-        if self._probes:
-            keep = []
-            # (tag, mask) criteria that found nothing this round (only worth tracking when
-            # several probes are pending)
-            missed: set[tuple[int, int]] | None = set() if len(self._probes) > 1 else None
-            for op in self._probes:
-                if op.future.done():  # cancelled by its awaiter
-                    op.mark_settled()
-                    finished += 1
-                elif missed and (op.tag, op.mask) in missed and not self._dead:
-                    # Nothing arrived since the same criteria missed: skip the probe.
-                    keep.append(op)
-                elif self._try_match(op):
-                    finished += 1
-                    if op.req is not None:
-                        self._reqs.append(op)
-                elif self._dead and (err := self._dead_error(op.peers)) is not None:
-                    op.mark_settled()
-                    op.future.set_exception(err)
-                    finished += 1
-                else:
-                    if missed is not None:
-                        missed.add((op.tag, op.mask))
-                    keep.append(op)
-            self._probes = keep
-        return finished
-
-    def _abandon(self, op: _Op, err: BaseException) -> None:
-        # The peer is gone; UCP may never finish this request. Keep its memory alive
-        # until the worker is destroyed, and cancel it if it is a receive.
-        if op.is_recv and op.req is not None:
-            self._lib.ucxcomm_cancel(self._wh, op.req)
-        self._graveyard.append((op.req, op.keep))
-        op.req = None
-        op.mark_settled()
-        if not op.future.done():
-            op.future.set_exception(err)
-
     # ---------------------------------------------------------------- close
     def abort(self) -> None:
         """Stop at once: pending operations fail with ClosedError. Idempotent."""
-        if self._closed:
+        eng = self._eng
+        if eng._closed:
             return
-        self._closed = True
+        eng._closed = True
         self._progress.close()
         self._rma.close()
-        err = ClosedError("the worker was closed")
-        lib = self._lib
-        for op in self._reqs:
-            if op.req is not None:
-                lib.ucxcomm_cancel(self._wh, op.req)
-        # Give cancelled requests a chance to complete so they can be freed.
-        for _ in range(100):
-            if not self._reqs:
-                break
-            lib.ucxcomm_progress(self._wh)
-            keep = []
-            for op in self._reqs:
-                st = lib.ucxcomm_test(op.req, op.is_recv, self._tag_out, self._len_out)
-                if st == self._INPROGRESS:
-                    keep.append(op)
-                else:
-                    op.req = None
-            self._reqs = keep
-        for op in self._reqs + self._probes:
-            self._graveyard.append((op.req, op.keep))
-            op.mark_settled()
-            if not op.future.done():
-                op.future.set_exception(err)
-                op.future.exception()  # nobody may await it any more: mark retrieved
-        self._reqs, self._probes = [], []
+        eng._abort_ops(ClosedError("the worker was closed"))
         for ep in self.endpoints:
             ep.abort()
 
     async def close(self) -> None:
         """Let in-flight operations finish (briefly), then release. Idempotent."""
-        if self._closed:
+        if self._eng._closed:
             return
         deadline = time.monotonic() + 1.0
-        while self._reqs and time.monotonic() < deadline:
-            self.poll()
+        while self._eng.pending() and time.monotonic() < deadline:
+            self._eng.poll()
             await asyncio.sleep(0)
         self.abort()
         await self._progress.aclose()
@@ -750,9 +409,3 @@ class Worker(Transport):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _first(peers: Peers) -> Any:
-    if peers and len(peers) == 1:
-        return next(iter(peers))
-    return None
