@@ -172,7 +172,7 @@ class Comm:
         if fut is None:
             return Request.completed()
         self._transport.wake()
-        return Request(fut)
+        return Request(fut, self._transport)
 
     async def Send(self, buf: Any, dest: int, tag: int = 0, *,
                    timeout: float | None = None) -> None:
@@ -195,14 +195,15 @@ class Comm:
                 await with_timeout(self._transport.complete(fut), timeout, "Send")
 
     def _post_recv(self, buf: Any, source: Any, tag: Any, kind: int = KIND_P2P,
-                   spin: bool = False) -> Any:
+                   spin: bool = False, finish: Any = None) -> Any:
         target = self._transport.recv_ptr(buf)  # validates the buffer first
         if (self._group.closed or type(source) is not int or type(tag) is not int
                 or not -1 <= source < self.size or not -1 <= tag <= TAG_UB):
             source, tag = self._check_recv(source, tag)  # raises, or normalizes
         elif self._world.closed:
             raise ClosedError(f"{self!r} is closed")
-        return self._transport.recv_into(target, *self._match(kind, source, tag), spin=spin)
+        return self._transport.recv_into(target, *self._match(kind, source, tag), finish,
+                                         spin)
 
     def _recv_status(self, result: RecvResult) -> Status:
         stag, nbytes, cap = result
@@ -241,19 +242,15 @@ class Comm:
 
         ``req.cancel()`` withdraws it if no message matched yet.
         """
-        target = self._transport.recv_ptr(buf)  # validates the buffer first
-        source, tag = self._check_recv(source, tag)
+        res = self._post_recv(buf, source, tag, KIND_P2P, False, self._recv_status)
         transport = self._transport
-        res = transport.recv_into(target, *self._match(KIND_P2P, source, tag),
-                                  finish=self._recv_status)
-        if isinstance(res, tuple):
+        if type(res) is tuple:
             try:
                 return Request.completed(self._recv_status(res))
             except TruncationError as exc:
                 return Request.failed(exc)
-        fut = res
         transport.wake()
-        return Request(fut, lambda: transport.cancel(fut), lambda: transport.settle(fut))
+        return Request(res, transport)
 
     # ------------------------------------------------------- object messages
     async def send(self, obj: Any, dest: int, tag: int = 0, *,
@@ -341,7 +338,7 @@ class Comm:
             return Request(task)
         fut = res
         # The task itself withdraws or settles the receive when cancelled.
-        return Request(task, lambda: self._transport.cancel(fut))
+        return Request(task, canceller=lambda: self._transport.cancel(fut))
 
     async def _irecv_obj(self, res: Any) -> Any:
         return (await self._finish_recv_obj(res))[0]

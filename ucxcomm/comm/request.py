@@ -51,23 +51,26 @@ class Request:
     """A pending non-blocking operation (``isend``, ``irecv``, ``Isend``, ``Irecv``...).
 
     ``await req`` returns the operation's result (the object for ``irecv``, a
-    :class:`Status` for ``Irecv``, ``None`` for sends).
+    :class:`Status` for ``Irecv``, ``None`` for sends). Awaiting progresses the transport
+    from the awaiting task (like a blocking call), so ``await`` right after posting costs
+    no event-loop round trip.
     """
 
-    __slots__ = ("_canceller", "_fut", "_settle")
+    __slots__ = ("_canceller", "_fut", "_result", "_transport")
 
-    def __init__(self, fut: asyncio.Future, canceller: Callable[[], bool] | None = None,
-                 settle: Callable[[], Awaitable[None]] | None = None) -> None:
-        self._fut = fut
+    def __init__(self, fut: asyncio.Future | None, transport: Any = None,
+                 canceller: Callable[[], bool] | None = None, result: Any = None) -> None:
+        self._fut = fut  # None: completed with ``result`` when it was posted
+        # For receives into a user buffer (cancel, settle) and for awaiting
+        # (Transport.complete); None for requests made of tasks.
+        self._transport = transport
         self._canceller = canceller
-        # For receives into a user buffer: wait until UCX no longer writes it.
-        self._settle = settle
+        self._result = result
 
     @classmethod
     def completed(cls, result: Any = None) -> Request:
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(result)
-        return cls(fut)
+        """A request that finished when it was posted (no future is made)."""
+        return cls(None, result=result)
 
     @classmethod
     def failed(cls, exc: BaseException) -> Request:
@@ -75,34 +78,55 @@ class Request:
         fut.set_exception(exc)
         return cls(fut)
 
-    def __await__(self) -> Generator[Any, None, Any]:
-        if self._settle is None:
-            return self._fut.__await__()
-        return self._wait().__await__()
+    def _future(self) -> asyncio.Future:
+        if self._fut is None:
+            self._fut = asyncio.get_running_loop().create_future()
+            self._fut.set_result(self._result)
+        return self._fut
 
-    async def _wait(self) -> Any:
+    def __await__(self) -> Generator[Any, None, Any]:
+        fut = self._fut
+        if fut is None:
+            return self._result
+            yield  # pragma: no cover - makes this a generator
+        if fut.done():
+            return fut.result()
+        return (yield from self._wait(fut).__await__())
+
+    async def _wait(self, fut: asyncio.Future) -> Any:
         try:
-            return await self._fut
+            if self._transport is not None:
+                return await self._transport.complete(fut)
+            return await fut
         except asyncio.CancelledError:
             await self._after_cancel()
             raise
 
     async def _after_cancel(self) -> None:
         """A cancelled wait: withdraw the receive, or let a matched one finish."""
+        fut = self._fut
+        if fut is None:
+            return
         if self._canceller is not None and self._canceller():
             return
-        if self._settle is not None:
-            await self._settle()
+        transport = self._transport
+        if transport is not None:
+            if transport.cancel(fut):
+                return
+            await transport.settle(fut)
 
     def done(self) -> bool:
-        return self._fut.done()
+        return self._fut is None or self._fut.done()
 
     def test(self) -> tuple[bool, Any]:
         """``(True, result)`` if the operation finished (raising its error, if any),
         else ``(False, None)``; never blocks."""
-        if not self._fut.done():
+        fut = self._fut
+        if fut is None:
+            return True, self._result
+        if not fut.done():
             return False, None
-        return True, self._fut.result()
+        return True, fut.result()
 
     def cancel(self) -> bool:
         """Cancel a receive that has not matched a message yet.
@@ -111,36 +135,46 @@ class Request:
         ``asyncio.CancelledError``); False if it had already matched or finished, in
         which case it completes normally.
         """
-        if self._fut.done():
+        fut = self._fut
+        if fut is None or fut.done():
             return False
         if self._canceller is not None and self._canceller():
-            self._fut.cancel()
+            fut.cancel()
             return True
+        if self._transport is not None and self._transport.cancel(fut):
+            return True  # (the transport cancelled the future)
         return False
 
     def cancelled(self) -> bool:
-        return self._fut.cancelled()
+        return self._fut is not None and self._fut.cancelled()
 
     @staticmethod
     async def waitall(requests: Iterable[Request | Awaitable[Any]]) -> list[Any]:
         """Wait for every request; returns their results in order.
 
         If one fails, the others still run to completion before the first error is raised
-        (so no buffer is left in use behind your back).
+        (so no buffer is left in use behind your back). They are awaited one after the
+        other, each progressing the transport while it waits (all are in flight already:
+        the order costs nothing).
         """
-        reqs = list(requests)
-        try:
-            results = await asyncio.gather(*(_as_future(r) for r in reqs),
-                                           return_exceptions=True)
-        except asyncio.CancelledError:
-            for r in reqs:
-                if isinstance(r, Request):
-                    await r._after_cancel()
-            raise
-        for res in results:
-            if isinstance(res, BaseException):
-                raise res
-        return list(results)
+        # Other awaitables run concurrently (as tasks), as they would under gather.
+        reqs = [r if isinstance(r, Request) else asyncio.ensure_future(r) for r in requests]
+        results: list[Any] = []
+        error: BaseException | None = None
+        for i, r in enumerate(reqs):
+            try:
+                results.append(await r)
+            except asyncio.CancelledError:
+                for other in reqs[i + 1:]:
+                    if isinstance(other, Request):
+                        await other._after_cancel()
+                raise
+            except Exception as exc:
+                error = error or exc
+                results.append(exc)
+        if error is not None:
+            raise error
+        return results
 
     @staticmethod
     async def waitany(requests: Iterable[Request]) -> tuple[int, Any]:
@@ -155,5 +189,5 @@ class Request:
 
 def _as_future(r: Request | Awaitable[Any]) -> asyncio.Future:
     if isinstance(r, Request):
-        return r._fut
+        return r._future()
     return asyncio.ensure_future(r)

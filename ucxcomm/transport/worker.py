@@ -129,6 +129,7 @@ class Worker(Transport):
                           self._progress.spin_s, self._cuda, _ucx.status_error)
         for name in _ENGINE_METHODS:
             setattr(self, name, getattr(eng, name))
+        self.wake = self._progress.kick  # type: ignore[method-assign]  # (per message)
         self._progress.add(self)
         self._rma = RmaEngines(self.options, self._plan.rdma, self._progress, self._loop)
         self.endpoints: list[Endpoint] = []
