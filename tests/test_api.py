@@ -91,7 +91,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_layering():
-    """Only transport/_ucx.py imports ucxx or the cffi extension; comm reaches the
+    """Only transport/_ucx.py imports ucxx or the compiled extension; comm reaches the
     transport through its contract (transport/base.py) only; endpoint.py does not import
     worker.py (the worker creates endpoints)."""
     for path in PKG.rglob("*.py"):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from .algorithms import Buf, Chan, binomial
 from .group import with_timeout
 from .ops import MAX, MIN, SUM, Op
 from .request import Request
+from .small import SmallCollectives, small_ok
 from .tags import KIND_COLL, make_tag
 
 if TYPE_CHECKING:
@@ -134,8 +135,8 @@ class Collectives:
     :class:`~ucxcomm.Request`.
     """
 
-    __slots__ = ("_check_open", "_group", "_next_seq", "_rd_scratch", "_transport", "rank",
-                 "size")
+    __slots__ = ("_check_open", "_group", "_next_seq", "_rd_scratch", "_small", "_transport",
+                 "rank", "size")
 
     def __init__(self, group: Group) -> None:
         self._group = group
@@ -146,6 +147,12 @@ class Collectives:
         self._next_seq = group.next_seq
         # Scratch of the small-Allreduce path: (dtype, shape, array, target) or None.
         self._rd_scratch: tuple[Any, Any, Any, Any] | None = None
+        self._small = SmallCollectives(group)
+
+    def _small_chan(self) -> Chan:
+        """A channel for a small-message path (arguments already checked)."""
+        self._check_open()
+        return Chan(self._group, self._next_seq())
 
     # ------------------------------------------------------------- helpers
     def _buf(self, obj: Any, writable: bool, what: str) -> Buf:
@@ -210,6 +217,9 @@ class Collectives:
         """Broadcast ``buf`` from ``root`` into ``buf`` on every rank (binomial tree,
         segmented for large messages)."""
         root = self._group.check_peer(root, "root")
+        if (small_ok(buf) and self._small.usable(buf.nbytes)
+                and (self.rank == root or buf.flags.writeable)):
+            return self._small.bcast(self._small_chan(), buf, root)
         b = self._buf(buf, self.rank != root, "Bcast buffer")
         ch = self._chan(b)
         return self._run(ch, alg.bcast(ch, b, root))
@@ -259,6 +269,9 @@ class Collectives:
                 ufunc = _fast_ufuncs.get(key)
                 if ufunc is None:
                     ufunc = _fast_ufuncs[key] = _ufunc(op, recvbuf)
+                if self.size > 2 and self._small.usable(recvbuf.nbytes):
+                    src = recvbuf if sendbuf is IN_PLACE else cast(np.ndarray, sendbuf)
+                    return self._small.allreduce(self._small_chan(), src, recvbuf, ufunc)
                 self._check_open()
                 ch = Chan(self._group, self._next_seq())
                 return self._allreduce_small(ch, recvbuf if sendbuf is IN_PLACE else sendbuf,
@@ -390,6 +403,10 @@ class Collectives:
     def _allgatherv(self, sendbuf: Any, recvspec: Any, v: bool) -> Awaitable[None]:
         name = "Allgatherv" if v else "Allgather"
         p, r = self.size, self.rank
+        if (not v and small_ok(sendbuf, recvspec) and self._small.usable(sendbuf.nbytes)
+                and recvspec.flags.writeable and sendbuf.dtype == recvspec.dtype
+                and recvspec.size == sendbuf.size * p):
+            return self._small.allgather(self._small_chan(), sendbuf, recvspec)
         if v:
             recv, counts, displs = self._spec(recvspec, True, f"{name} receive")
         else:
@@ -430,6 +447,10 @@ class Collectives:
     def _alltoallv(self, sendspec: Any, recvspec: Any, v: bool) -> Awaitable[None]:
         name = "Alltoallv" if v else "Alltoall"
         p = self.size
+        if (not v and small_ok(sendspec, recvspec) and recvspec.flags.writeable
+                and sendspec.dtype == recvspec.dtype and sendspec.size == recvspec.size
+                and sendspec.size % p == 0 and self._small.usable(sendspec.nbytes // p)):
+            return self._small.alltoall(self._small_chan(), sendspec, recvspec)
         if v:
             recv, rcounts, rdispls = self._spec(recvspec, True, f"{name} receive")
         else:
@@ -481,6 +502,15 @@ class Collectives:
                         ) -> Awaitable[None]:
         name = "Reduce_scatter_block" if recvcounts is None else "Reduce_scatter"
         p, r = self.size, self.rank
+        if (recvcounts is None and small_ok(sendbuf, recvbuf) and recvbuf.flags.writeable
+                and sendbuf.dtype == recvbuf.dtype and sendbuf.size % p == 0
+                and recvbuf.size >= sendbuf.size // p
+                and self._small.usable(sendbuf.nbytes // p)):
+            ufunc = _fast_ufuncs.get((op, sendbuf.dtype))
+            if ufunc is None:  # (raises before the sequence number is taken)
+                ufunc = _fast_ufuncs[(op, sendbuf.dtype)] = _ufunc(op, sendbuf)
+            return self._small.reduce_scatter_block(self._small_chan(), sendbuf, recvbuf,
+                                                    ufunc)
         recv = self._buf(recvbuf, True, f"{name} receive buffer")
         in_place = sendbuf is IN_PLACE
         send = recv if in_place else self._buf(sendbuf, False, f"{name} send buffer")
