@@ -264,6 +264,32 @@ int ucxcomm_rma_mem_map(void *eng, void *addr, size_t len, void **memh)
     return (int)ucp_mem_map(e->ctx, &params, (ucp_mem_h *)memh);
 }
 
+int ucxcomm_rma_mem_alloc(void *eng, size_t len, void **memh, void **addr)
+{
+    ucxcomm_rma_t *e = (ucxcomm_rma_t *)eng;
+    ucp_mem_map_params_t params;
+    ucp_mem_attr_t attr;
+    ucs_status_t st;
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                        UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    params.address = NULL;
+    params.length = len;
+    params.flags = UCP_MEM_MAP_ALLOCATE;
+    st = ucp_mem_map(e->ctx, &params, (ucp_mem_h *)memh);
+    if (st != UCS_OK) {
+        return (int)st;
+    }
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+    st = ucp_mem_query((ucp_mem_h)*memh, &attr);
+    if (st != UCS_OK) {
+        ucp_mem_unmap(e->ctx, (ucp_mem_h)*memh);
+        return (int)st;
+    }
+    *addr = attr.address;
+    return (int)UCS_OK;
+}
+
 int ucxcomm_rma_mem_unmap(void *eng, void *memh)
 {
     return (int)ucp_mem_unmap(((ucxcomm_rma_t *)eng)->ctx, (ucp_mem_h)memh);
@@ -288,6 +314,14 @@ int ucxcomm_rma_rkey_pack(void *eng, void *memh, char *buf, size_t buflen, size_
 int ucxcomm_rma_rkey_unpack(uintptr_t ep, const void *buf, void **rkey)
 {
     return (int)ucp_ep_rkey_unpack((ucp_ep_h)ep, buf, (ucp_rkey_h *)rkey);
+}
+
+int ucxcomm_rma_rkey_ptr(void *rkey, uint64_t raddr, uintptr_t *ptr)
+{
+    void *local = NULL;
+    ucs_status_t st = ucp_rkey_ptr((ucp_rkey_h)rkey, raddr, &local);
+    *ptr = (uintptr_t)local;
+    return (int)st;
 }
 
 void ucxcomm_rma_rkey_destroy(void *rkey)

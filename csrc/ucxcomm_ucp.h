@@ -61,9 +61,16 @@ int ucxcomm_rma_address(void *eng, char *buf, size_t buflen, size_t *len);
 int ucxcomm_rma_connect(void *eng, const void *addr, uintptr_t *ep);
 void ucxcomm_rma_ep_close(void *eng, uintptr_t ep);
 int ucxcomm_rma_mem_map(void *eng, void *addr, size_t len, void **memh);
+/* Memory allocated by UCX (shared-memory capable where a transport can attach it: peers
+ * on the host then copy and do atomics on it directly), mapped for remote access; *addr
+ * receives its address. ucxcomm_rma_mem_unmap releases it. */
+int ucxcomm_rma_mem_alloc(void *eng, size_t len, void **memh, void **addr);
 int ucxcomm_rma_mem_unmap(void *eng, void *memh);
 int ucxcomm_rma_rkey_pack(void *eng, void *memh, char *buf, size_t buflen, size_t *len);
 int ucxcomm_rma_rkey_unpack(uintptr_t ep, const void *buf, void **rkey);
+/* Where the remote address is mapped in this process (memory UCX allocated, reached
+ * over shared memory), else UCS_ERR_UNREACHABLE. */
+int ucxcomm_rma_rkey_ptr(void *rkey, uint64_t raddr, uintptr_t *ptr);
 void ucxcomm_rma_rkey_destroy(void *rkey);
 int ucxcomm_rma_put(void *eng, uintptr_t ep, const void *buf, size_t n, uint64_t raddr,
                     void *rkey, void **req);

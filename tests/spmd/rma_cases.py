@@ -109,6 +109,55 @@ async def put_get_fence(comm):
 
 
 @case
+async def allocated_memory(comm):
+    """Memory UCX allocated (``worker.allocate``, ``Win.Allocate``): peers on this host put
+    and get it by copies and update it with CPU atomics; every size and origin kind lands
+    exactly, next to the bytes it must not touch."""
+    p, r = comm.size, comm.rank
+    worker = ucxcomm.transport.default_worker()
+    n = (1 << 20) + 64
+    region = worker.allocate(n)
+    assert region.memory.nbytes == n and not region.memory.any()
+    infos = await comm.allgather((region.rkey, region.address, region.nbytes))
+    remote = [worker.remote_memory(*i) for i in infos]
+    right, left = (r + 1) % p, (r - 1) % p
+    rng = np.random.default_rng(r)
+    sizes = [1, 8, 4095, 65536 + 3, 1 << 20]
+    sent = []
+    for i, size in enumerate(sizes):
+        data = rng.integers(0, 256, size, dtype=np.uint8)
+        sent.append(data)
+        origin = (data, bytearray(data.tobytes()), memoryview(data.tobytes()))[i % 3]
+        await remote[right].put(origin, 32)
+        back = np.zeros(size, np.uint8)
+        await remote[right].get(back if i % 2 else memoryview(back), 32)
+        assert (back == data).all(), (size, i)
+    await remote[right].flush()
+    await comm.barrier()
+    mem = region.memory
+    assert not mem[:32].any() and not mem[32 + (1 << 20):].any()
+    assert (mem[32:32 + (1 << 20)] == sent_by(left, sizes)[-1]).all()
+    await comm.barrier()
+    olds = [await remote[0].fetch_add(1, 8) for _ in range(50)]
+    assert olds == sorted(olds)
+    await remote[0].flush()
+    await comm.barrier()
+    if r == 0:
+        assert region.memory.view(np.uint64)[1] == 50 * p
+    await comm.barrier()
+    for rm in remote:
+        rm.close()
+    region.close()
+    assert region.memory is None
+
+
+def sent_by(rank, sizes):
+    """The buffers :func:`allocated_memory` at ``rank`` put, in order."""
+    rng = np.random.default_rng(rank)
+    return [rng.integers(0, 256, size, dtype=np.uint8) for size in sizes]
+
+
+@case
 async def accumulate(comm):
     """Concurrent accumulates from every rank sum exactly: float64 (locked get-op-put)
     and int64 (remote atomics); MAX and Get_accumulate."""

@@ -46,6 +46,7 @@ _CTRL_WORDS = 2  # [0]: passive-target lock, [1]: accumulate lock
 _EXCL = 1 << 40  # exclusive-lock bit in the lock word (shared holders: low bits)
 _INT_AMO = {np.dtype(t) for t in (np.int32, np.uint32, np.int64, np.uint64)}
 _NATIVE = {SUM: "add", BAND: "and", BOR: "or", BXOR: "xor", REPLACE: "swap"}
+_ndarray = np.ndarray
 _FOP = {**_NATIVE, NO_OP: "add"}  # Fetch_and_op's remote atomic per op (NO_OP: add 0)
 _INT_AMO_KEYS: dict[Any, int] = {}
 for _t in (np.int32, np.uint32, np.int64, np.uint64):
@@ -84,11 +85,13 @@ class Win:
     @classmethod
     async def Allocate(cls, comm: Comm, nbytes: int, disp_unit: int = 1) -> Win:
         """Collective: allocate ``nbytes`` (zeroed) on every rank and expose them.
-        ``win.memory`` is this rank's part (a writable numpy uint8 array)."""
+        ``win.memory`` is this rank's part (a writable numpy uint8 array, valid until
+        :meth:`Free`). The memory comes from UCX, shared-memory capable: ranks on the same
+        host put, get and update it directly (like MPICH's shared-memory windows), without
+        the target's help."""
         if type(nbytes) is not int or nbytes < 0:
             raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
-        return await cls._make(comm, np.zeros(max(nbytes, 1), np.uint8)[:nbytes],
-                               disp_unit)
+        return await cls._make(comm, None, disp_unit, nbytes)
 
     @classmethod
     async def Create(cls, comm: Comm, buf: Any, disp_unit: int = 1) -> Win:
@@ -97,17 +100,24 @@ class Win:
         return await cls._make(comm, buf, disp_unit)
 
     @classmethod
-    async def _make(cls, comm: Comm, buf: Any, disp_unit: int) -> Win:
+    async def _make(cls, comm: Comm, buf: Any, disp_unit: int, nbytes: int = 0) -> Win:
+        """``buf`` None: allocate ``nbytes`` through the transport."""
         transport = comm.group.transport
         if type(disp_unit) is not int or disp_unit < 1:
             raise ValueError(f"disp_unit must be an int >= 1, got {disp_unit!r}")
         self = cls()
         self.comm = comm
-        self.memory = buf
         self.disp_unit = disp_unit
-        self._ctrl = np.zeros(_CTRL_WORDS, np.int64)
-        self._region = transport.register(buf)
-        self._ctrl_region = transport.register(self._ctrl)
+        # The control words (locks) are taken with remote atomics by every rank: UCX's
+        # shared-memory capable memory lets peers on this host do them directly.
+        self._ctrl_region = transport.allocate(_CTRL_WORDS * 8)
+        self._ctrl = self._ctrl_region.memory.view(np.int64)
+        if buf is None:
+            self._region = transport.allocate(nbytes)
+            self.memory = self._region.memory
+        else:
+            self._region = transport.register(buf)
+            self.memory = buf
         mine = (self._region.rkey, self._region.address, self._region.nbytes,
                 self._ctrl_region.rkey, self._ctrl_region.address, disp_unit)
         infos = await comm.allgather(mine)
@@ -144,14 +154,22 @@ class Win:
         """Write ``origin`` into ``target_rank``'s window at ``target_disp``; returns when
         ``origin`` may be reused (visible at the target after Flush/Unlock/Fence)."""
         r = self._check(target_rank)
-        arr = self._origin(origin, False, "Put origin")
+        if type(origin) is _ndarray and origin.flags.c_contiguous and \
+                not origin.dtype.hasobject:
+            arr = origin  # the common case, checked in one line
+        else:
+            arr = self._origin(origin, False, "Put origin")
         off = self._offset(r, target_disp, arr.nbytes, "Put")
         await self._mem[r].put(arr, off)
 
     async def Get(self, origin: Any, target_rank: int, target_disp: int = 0) -> None:
         """Read ``len(origin)`` bytes of ``target_rank``'s window into ``origin``."""
         r = self._check(target_rank)
-        arr = self._origin(origin, True, "Get origin")
+        if type(origin) is _ndarray and origin.flags.c_contiguous and \
+                origin.flags.writeable and not origin.dtype.hasobject:
+            arr = origin
+        else:
+            arr = self._origin(origin, True, "Get origin")
         off = self._offset(r, target_disp, arr.nbytes, "Get")
         await self._mem[r].get(arr, off)
 

@@ -57,10 +57,12 @@ cdef extern from "ucxcomm_ucp.h" nogil:
     int ucxcomm_rma_connect(void *eng, const void *addr, uintptr_t *ep)
     void ucxcomm_rma_ep_close(void *eng, uintptr_t ep)
     int ucxcomm_rma_mem_map(void *eng, void *addr, size_t length, void **memh)
+    int ucxcomm_rma_mem_alloc(void *eng, size_t length, void **memh, void **addr)
     int ucxcomm_rma_mem_unmap(void *eng, void *memh)
     int ucxcomm_rma_rkey_pack(void *eng, void *memh, char *buf, size_t buflen,
                               size_t *length)
     int ucxcomm_rma_rkey_unpack(uintptr_t ep, const void *buf, void **rkey)
+    int ucxcomm_rma_rkey_ptr(void *rkey, uint64_t raddr, uintptr_t *ptr)
     void ucxcomm_rma_rkey_destroy(void *rkey)
     int ucxcomm_rma_put(void *eng, uintptr_t ep, const void *buf, size_t n, uint64_t raddr,
                         void *rkey, void **req)
@@ -810,6 +812,14 @@ def rma_mem_map(uintptr_t eng, uintptr_t addr, size_t length):
     return st, <uintptr_t>memh
 
 
+def rma_mem_alloc(uintptr_t eng, size_t length):
+    """``(status, memh, address)`` of ``length`` bytes allocated and mapped by UCX."""
+    cdef void *memh = NULL
+    cdef void *addr = NULL
+    cdef int st = ucxcomm_rma_mem_alloc(<void *>eng, length, &memh, &addr)
+    return st, <uintptr_t>memh, <uintptr_t>addr
+
+
 def rma_mem_unmap(uintptr_t eng, uintptr_t memh):
     return ucxcomm_rma_mem_unmap(<void *>eng, <void *>memh)
 
@@ -819,6 +829,14 @@ def rma_rkey_pack(uintptr_t eng, uintptr_t memh):
     cdef size_t n = 0
     cdef int st = ucxcomm_rma_rkey_pack(<void *>eng, <void *>memh, buf, sizeof(buf), &n)
     return st, (buf[:n] if st == 0 else b"")
+
+
+def rma_rkey_ptr(uintptr_t rkey, uint64_t raddr):
+    """``(status, local address)`` of remote address ``raddr`` when this process has the
+    owner's memory mapped (shared memory), else a nonzero status."""
+    cdef uintptr_t ptr = 0
+    cdef int st = ucxcomm_rma_rkey_ptr(<void *>rkey, raddr, &ptr)
+    return st, ptr
 
 
 def rma_rkey_unpack(uintptr_t ep, bytes packed):
@@ -932,6 +950,47 @@ def rma_put(uintptr_t eng, uintptr_t ep, object buf, uint64_t raddr, uintptr_t r
     cdef int st = ucxcomm_rma_put(<void *>eng, ep, ref.view.buf, ref.view.len, raddr,
                                   <void *>rkey, &req)
     return _outcome(st, req, <void *>eng, spin_s, ref)
+
+
+cdef size_t _COPY_NOGIL = 64 << 10  # copies from this size let other threads run
+
+
+def copy_in(uintptr_t dst, object buf):
+    """Copy all of ``buf`` (host memory with the buffer protocol, C-contiguous) to address
+    ``dst`` (memory of a peer mapped into this process)."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if <size_t>view.len >= _COPY_NOGIL:
+            with nogil:
+                memcpy(<void *>dst, view.buf, view.len)
+        else:
+            memcpy(<void *>dst, view.buf, view.len)
+    finally:
+        PyBuffer_Release(&view)
+
+
+def copy_out(object buf, uintptr_t src):
+    """Fill ``buf`` (writable host memory, C-contiguous) from address ``src``."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
+    try:
+        if <size_t>view.len >= _COPY_NOGIL:
+            with nogil:
+                memcpy(view.buf, <const void *>src, view.len)
+        else:
+            memcpy(view.buf, <const void *>src, view.len)
+    finally:
+        PyBuffer_Release(&view)
+
+
+def copy_at(uintptr_t dst, uintptr_t src, size_t n):
+    """``memcpy(dst, src, n)`` (addresses from :func:`target` and mapped peer memory)."""
+    if n >= _COPY_NOGIL:
+        with nogil:
+            memcpy(<void *>dst, <const void *>src, n)
+    else:
+        memcpy(<void *>dst, <const void *>src, n)
 
 
 def rma_put_at(uintptr_t eng, uintptr_t ep, tuple t, uint64_t raddr, uintptr_t rkey,

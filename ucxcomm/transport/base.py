@@ -81,6 +81,7 @@ class Region(ABC):
     rkey: bytes  # everything a peer needs to reach it (with address and nbytes)
     address: int
     nbytes: int
+    memory: Any  # the memory of an allocated region (None for a registered buffer)
 
     @abstractmethod
     def close(self) -> None:
@@ -238,6 +239,11 @@ class Transport(ABC):
     @abstractmethod
     def register(self, buf: Any) -> Region:
         """Register ``buf`` for one-sided access by peers."""
+
+    @abstractmethod
+    def allocate(self, nbytes: int) -> Region:
+        """``nbytes`` of zeroed memory for one-sided access (``region.memory``), which
+        peers on this host reach directly (no help from this process)."""
 
     @abstractmethod
     def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:

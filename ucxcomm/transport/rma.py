@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import ctypes
 import logging
 import struct
 import weakref
@@ -48,8 +49,14 @@ __all__ = ["MemoryRegion", "RemoteMemory", "RmaEngine", "RmaEngines"]
 log = logging.getLogger(__name__)
 
 _BLOB = struct.Struct("<4sB")  # magic, number of sections
-_SECTION = struct.Struct("<BII")  # v1 protocols?, address length, packed rkey length
-_MAGIC = b"UCR2"
+_SECTION = struct.Struct("<BII")  # flags, address length, packed rkey length
+_MAGIC = b"UCR3"
+_V1 = 1  # section flag: the engine runs UCX's v1 protocols
+_ALLOCATED = 2  # section flag: UCX allocated the memory (shared-memory capable)
+#: Transports on which an engine reaches UCX-allocated memory directly (copies and CPU
+#: atomics, no help from the target): one-sided operations need no target thread.
+_DIRECT_TLS = frozenset({"self", "sysv", "posix", "xpmem", "knem", "cma"})
+_ATOMIC_TLS = frozenset({"self", "sysv", "posix", "xpmem"})  # (CPU atomics on the memory)
 _AMO_TYPES = {np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.int64),
               np.dtype(np.uint64)}
 # dtype -> (size, signed); also keyed by the dtype-like objects callers pass
@@ -263,6 +270,9 @@ class RmaEngines:
     def register(self, buf: Any) -> MemoryRegion:
         return MemoryRegion(self, buf)
 
+    def allocate(self, nbytes: int) -> MemoryRegion:
+        return MemoryRegion(self, None, nbytes)
+
     def remote(self, rkey: bytes, address: int, nbytes: int) -> RemoteMemory:
         return RemoteMemory(self, rkey, address, nbytes)
 
@@ -276,7 +286,10 @@ class RmaEngines:
 
 
 class MemoryRegion(Region):
-    """Memory registered for remote access (``worker.register(buf)``).
+    """Memory registered for remote access (``worker.register(buf)``), or allocated by
+    UCX for it (``worker.allocate(nbytes)``: shared-memory capable, so peers on this host
+    copy into it and do atomics on it directly, without this process's help; its
+    ``memory`` is a numpy ``uint8`` array valid until :meth:`close`).
 
     Attributes
     ----------
@@ -286,41 +299,61 @@ class MemoryRegion(Region):
     rkey : bytes
         Everything a peer needs to reach it: the owner's RMA address and UCX's key, per
         engine.
+    memory : numpy.ndarray or None
+        The allocated memory (None for a registered buffer).
     """
 
-    def __init__(self, engines: RmaEngines, buf: Any) -> None:
+    def __init__(self, engines: RmaEngines, buf: Any, nbytes: int = 0) -> None:
         engs = engines.local()
         ucp = _ucx.ucp
-        addr, nbytes, self._keep, _ = ucp.target(buf, True, True)
-        self.nbytes: int = nbytes
-        self.address: int = addr
         self._maps: list[tuple[RmaEngine, int]] = []
         self.closed = False
+        self.memory: Any = None
         sections = []
         try:
+            if buf is None:  # allocated by the first (bulk) engine, mapped by the others
+                st, memh, addr = ucp.rma_mem_alloc(engs[0].handle, max(nbytes, 1))
+                if st != 0:
+                    raise _ucx.status_error(st, what="memory allocation")
+                self._maps.append((engs[0], memh))
+                self.memory = np.ctypeslib.as_array(
+                    (ctypes.c_uint8 * max(nbytes, 1)).from_address(addr))[:nbytes]
+                self.memory[...] = 0
+                self._keep: Any = None
+            else:
+                addr, nbytes, self._keep, _ = ucp.target(buf, True, True)
+            self.nbytes: int = nbytes
+            self.address: int = addr
+            # Every engine registers the memory (allocated memory once more: shared-memory
+            # copies through an allocated key are fast for small puts, slow for large
+            # transfers, where the registered key's single-copy path wins).
             for eng in engs:
                 st, memh = ucp.rma_mem_map(eng.handle, addr, max(nbytes, 1))
                 if st != 0:
                     raise _ucx.status_error(st, what="memory registration")
                 self._maps.append((eng, memh))
+            for i, (eng, memh) in enumerate(self._maps):
                 st, packed = ucp.rma_rkey_pack(eng.handle, memh)
                 if st != 0:
                     raise _ucx.status_error(st, what="rkey pack")
-                sections.append(_SECTION.pack(int(eng.proto_v1), len(eng.address),
-                                              len(packed)) + eng.address + packed)
+                flags = int(eng.proto_v1) | (_ALLOCATED if buf is None and i == 0 else 0)
+                sections.append(_SECTION.pack(flags, len(eng.address), len(packed))
+                                + eng.address + packed)
         except BaseException:
             self.close()
             raise
         self.rkey = _BLOB.pack(_MAGIC, len(sections)) + b"".join(sections)
-        for eng, _ in self._maps:
+        for eng in engs:
             eng._regions.append(self)
 
     def close(self) -> None:
-        """Unregister (peers' remote keys to it become invalid). Idempotent."""
+        """Unregister (peers' remote keys to it become invalid; allocated memory is freed:
+        do not use ``memory`` afterwards). Idempotent."""
         if self.closed:
             return
         self.closed = True
-        for eng, memh in self._maps:
+        self.memory = None
+        for eng, memh in reversed(self._maps):  # the allocating engine's map last
             listed = self in eng._regions
             if listed:
                 eng._regions.remove(self)
@@ -329,20 +362,22 @@ class MemoryRegion(Region):
         self._maps = []
 
 
-def _parse_rkey(rkey: bytes) -> dict[bool, tuple[bytes, bytes]]:
-    """``{v1: (owner engine address, packed UCX key)}`` of a :class:`MemoryRegion` key."""
+def _parse_rkey(rkey: bytes) -> list[tuple[bool, bool, bytes, bytes]]:
+    """The sections of a :class:`MemoryRegion` key: ``(v1, allocated, owner engine
+    address, packed UCX key)`` each."""
     if len(rkey) < _BLOB.size or rkey[:4] != _MAGIC:
         raise ValueError("not a ucxcomm remote key (from MemoryRegion.rkey)")
     _, count = _BLOB.unpack_from(rkey)
-    pos, found = _BLOB.size, {}
+    pos, found = _BLOB.size, []
     for _ in range(count):
         if pos + _SECTION.size > len(rkey):
             raise ValueError("truncated remote key")
-        v1, alen, klen = _SECTION.unpack_from(rkey, pos)
+        flags, alen, klen = _SECTION.unpack_from(rkey, pos)
         pos += _SECTION.size
-        found[bool(v1)] = (rkey[pos:pos + alen], rkey[pos + alen:pos + alen + klen])
+        found.append((bool(flags & _V1), bool(flags & _ALLOCATED), rkey[pos:pos + alen],
+                      rkey[pos + alen:pos + alen + klen]))
         pos += alen + klen
-    if pos != len(rkey) or not found:
+    if pos != len(rkey) or not any(not allocated for _, allocated, _, _ in found):
         raise ValueError("malformed remote key")
     return found
 
@@ -358,21 +393,51 @@ class RemoteMemory(Remote):
 
     def __init__(self, engines: RmaEngines, rkey: bytes, address: int, nbytes: int) -> None:
         found = _parse_rkey(bytes(rkey))
-        self._targets: list[tuple[RmaEngine, int, int]] = []
-        by_kind = {}
-        for v1, (peer, packed) in found.items():
-            eng = engines.engine(v1)
-            ep = eng.endpoint(peer)
-            st, key = _ucx.ucp.rma_rkey_unpack(ep, packed)
-            if st != 0:
-                raise _ucx.status_error(st, what="rkey unpack")
-            by_kind[v1] = (eng, ep, key)
-            self._targets.append(by_kind[v1])
-        # bulk transfers on the v2 engine, atomics on the v1 one (when the owner has both)
-        self._eng, self._ep, self._rkey = by_kind.get(False) or by_kind[True]
-        self._aeng, self._aep, self._arkey = by_kind.get(True) or by_kind[False]
-        self.address, self.nbytes = int(address), int(nbytes)
+        self._targets: list[tuple[RmaEngine, int, int]] = []  # every unpacked key
         self.closed = False
+        registered: dict[bool, tuple[RmaEngine, int, int]] = {}
+        shared = None
+        try:
+            for v1, allocated, peer, packed in found:
+                eng = engines.engine(v1)
+                ep = eng.endpoint(peer)
+                st, key = _ucx.ucp.rma_rkey_unpack(ep, packed)
+                if st != 0:
+                    raise _ucx.status_error(st, what="rkey unpack")
+                self._targets.append((eng, ep, key))
+                if not allocated:
+                    registered[v1] = (eng, ep, key)
+                elif not v1:
+                    lanes = {tl for tl, _ in _ucx.endpoint_transports(ep)}
+                    if lanes <= _DIRECT_TLS and lanes & _ATOMIC_TLS:
+                        shared = (eng, ep, key)
+        except BaseException:
+            self.close()
+            raise
+        # Puts and gets on the v2 engine with the registered key (single-copy paths);
+        # atomics on the v1 engine when the owner has both. Memory that UCX allocated and
+        # this peer reaches over shared memory is mapped here (ucp_rkey_ptr): puts and
+        # gets are copies (no UCX request; complete at once, so flush has nothing to
+        # wait for) and atomics go through the allocated key, CPU atomics on the memory,
+        # with no target thread (measured 0.3 us instead of 8 us for a fetch-add; 8 B Put
+        # 1.2 us instead of 5; 1 MiB Get 47 us instead of 95). UCX's emulated atomics,
+        # which other peers may use on the same words, are atomic operations too.
+        self._eng, self._ep, self._rkey = registered.get(False) or registered[True]
+        self._local = 0  # where the owner's memory is mapped here (shared memory), or 0
+        if shared is not None:
+            self._aeng, self._aep, self._arkey = shared
+            st, ptr = _ucx.ucp.rma_rkey_ptr(shared[2], int(address))
+            if st == 0:
+                self._local = ptr
+        else:
+            self._aeng, self._aep, self._arkey = registered.get(True) or registered[False]
+        # the endpoints that operations use, once each (flush)
+        self._eps = [] if self._local else [(self._eng, self._ep)]
+        if (self._aeng, self._aep) not in self._eps:
+            self._eps.append((self._aeng, self._aep))
+        #: puts, gets and atomics act on the owner's memory directly (shared memory)
+        self.direct: bool = shared is not None
+        self.address, self.nbytes = int(address), int(nbytes)
 
     def _check(self, offset: int, n: int, what: str) -> int:
         if self.closed or self._eng.closed or self._aeng.closed:
@@ -388,7 +453,7 @@ class RemoteMemory(Remote):
         """The (transport, device) lanes of the endpoints that reach this memory (bulk
         transfers, then atomics when they use another engine)."""
         lanes: list[tuple[str, str]] = []
-        for _, ep, _ in self._targets:
+        for _, ep in self._eps:
             lanes.extend(lane for lane in _ucx.endpoint_transports(ep) if lane not in lanes)
         return lanes
 
@@ -406,11 +471,18 @@ class RemoteMemory(Remote):
         eng = self._eng
         ucp = eng._ucp
         if type(buf) is _ndarray and buf.flags.c_contiguous:  # one call into UCX
-            raddr = self._check(offset, buf.nbytes, "put")
+            n = buf.nbytes
+            raddr = self._check(offset, n, "put")
+            if self._local:  # a copy into the owner's memory, mapped here
+                ucp.copy_in(self._local + raddr - self.address, buf)
+                return
             out = ucp.rma_put(eng.handle, self._ep, buf, raddr, self._rkey, eng.spin_s)
         else:
             t = self._origin(buf, False, "put")
             raddr = self._check(offset, t[1], "put")
+            if self._local:
+                ucp.copy_at(self._local + raddr - self.address, t[0], t[1])
+                return
             out = ucp.rma_put_at(eng.handle, self._ep, t, raddr, self._rkey, eng.spin_s)
         if out is not None:
             await eng.finish(out)
@@ -420,11 +492,18 @@ class RemoteMemory(Remote):
         eng = self._eng
         ucp = eng._ucp
         if type(buf) is _ndarray and buf.flags.c_contiguous and buf.flags.writeable:
-            raddr = self._check(offset, buf.nbytes, "get")
+            n = buf.nbytes
+            raddr = self._check(offset, n, "get")
+            if self._local:  # a copy from the owner's memory, mapped here
+                ucp.copy_out(buf, self._local + raddr - self.address)
+                return
             out = ucp.rma_get(eng.handle, self._ep, buf, raddr, self._rkey, eng.spin_s)
         else:
             t = self._origin(buf, True, "get")
             raddr = self._check(offset, t[1], "get")
+            if self._local:
+                ucp.copy_at(t[0], self._local + raddr - self.address, t[1])
+                return
             out = ucp.rma_get_at(eng.handle, self._ep, t, raddr, self._rkey, eng.spin_s)
         if out is not None:
             await eng.finish(out)
@@ -433,7 +512,7 @@ class RemoteMemory(Remote):
         """Complete, at the target, every operation issued to this peer."""
         if self.closed:
             raise ClosedError("this remote memory was closed")
-        for eng, ep, _ in self._targets:
+        for eng, ep in self._eps:
             out = eng._ucp.rma_flush(eng.handle, ep, eng.spin_s)
             if out is not None:
                 await eng.finish(out)

@@ -171,6 +171,23 @@ class Worker(Transport):
         self._check_open()
         return self._rma.register(buf)
 
+    def allocate(self, nbytes: int) -> Region:
+        """``nbytes`` of zeroed memory allocated by UCX for one-sided access: a
+        :class:`~ucxcomm.transport.rma.MemoryRegion` whose ``memory`` (a numpy ``uint8``
+        array, valid until the region is closed) peers on this host read, write and
+        update atomically through shared memory, without this process's help.
+
+        Raises
+        ------
+        ValueError
+            ``nbytes`` is negative.
+        ClosedError
+        """
+        self._check_open()
+        if type(nbytes) is not int or nbytes < 0:
+            raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
+        return self._rma.allocate(nbytes)
+
     def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:
         """A peer's registered memory: a :class:`~ucxcomm.transport.rma.RemoteMemory`.
 
