@@ -500,7 +500,7 @@ async def small_paths_match_general(comm):
         for n in (1, 6):
             x = inp(r, n * p, dtype)
             pairs = []
-            # Allreduce (small path from 3 ranks on)
+            # Allreduce (small path; 2 ranks: one exchange)
             a, b = np.empty_like(x), np.empty((n * p, 2), dtype, order="F")
             await comm.Allreduce(x, a)
             await comm.Allreduce(np.asfortranarray(np.stack([x, x], 1)), b)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import TruncationError
 from .tags import FULL_MASK, KIND_COLL, make_tag, with_source
 
 if TYPE_CHECKING:
@@ -143,6 +144,20 @@ class Chan:
             self.recvs.append(fut)
         return fut
 
+    def recv_spin(self, peer: int, target: Target) -> asyncio.Future | None:
+        """Like :meth:`recv`, but wait in place (compiled, up to the spin time) for a
+        message that is about to arrive: ``None`` when it did. Post the sends this rank
+        owes first. For an exchange, where the peer's message comes within microseconds:
+        no operation is created and no event-loop turn is taken (8 B Allreduce at 2
+        ranks about 8 us instead of 11 in one A/B run; noisy)."""
+        res = self.worker.recv_into(target, with_source(self._rtag, peer), FULL_MASK,
+                                    self._group.peers_all, _whole, True)
+        if isinstance(res, tuple):
+            _whole(res)
+            return None
+        self.recvs.append(res)
+        return res
+
     async def wait(self, fut: asyncio.Future | None) -> None:
         if fut is not None and not fut.done():
             await self.worker.complete(fut)
@@ -174,6 +189,15 @@ class Chan:
         for fut in self.recvs:
             if not fut.done() and not self.worker.cancel(fut):
                 await self.worker.settle(fut)
+
+
+def _whole(result: tuple[int, int, int]) -> None:
+    """A collective's message must fit its receive buffer (as UCX's posted receives
+    enforce)."""
+    if result[1] > result[2]:
+        raise TruncationError(f"collective message of {result[1]} bytes truncated to "
+                              f"{result[2]} bytes (ranks called the collective with "
+                              "different sizes?)", nbytes=result[1], capacity=result[2])
 
 
 def _retrieve(fut: asyncio.Future) -> None:
@@ -374,9 +398,8 @@ async def allreduce_recursive_doubling(ch: Chan, send: Any, send_target: Any, re
     while mask < pof2:
         newdst = newrank ^ mask
         dst = newdst * 2 + 1 if newdst < rem else newdst + rem
-        rfut = ch.recv(dst, tmp_target)
-        sfut = ch.send(dst, cur_target)
-        await ch.wait(rfut)
+        sfut = ch.send(dst, cur_target)  # (an exchange: send first, then wait in place)
+        await ch.wait(ch.recv_spin(dst, tmp_target))
         await ch.wait(sfut)
         if dst < r:
             _reduce_into(ch, ufunc, tmp, cur, recv)

@@ -269,7 +269,7 @@ class Collectives:
                 ufunc = _fast_ufuncs.get(key)
                 if ufunc is None:
                     ufunc = _fast_ufuncs[key] = _ufunc(op, recvbuf)
-                if self.size > 2 and self._small.usable(recvbuf.nbytes):
+                if self._small.usable(recvbuf.nbytes):
                     src = recvbuf if sendbuf is IN_PLACE else cast(np.ndarray, sendbuf)
                     return self._small.allreduce(self._small_chan(), src, recvbuf, ufunc)
                 self._check_open()

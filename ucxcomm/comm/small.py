@@ -5,7 +5,8 @@ bandwidth. These paths take C-contiguous numpy arrays only (the general algorith
 :mod:`ucxcomm.comm.algorithms` handle everything else), compute their schedule once per
 communicator (the peer order) and reuse scratch memory per shape, post every receive and
 every send of the call at once (one message per peer: eager messages need no rounds),
-then wait. Reductions combine contributions in rank order, so the results are
+then wait (two ranks: one exchange, the send first and the receive waited for in place).
+Reductions combine contributions in rank order, so the results are
 bit-identical on every rank and equal to the general algorithms' up to floating-point
 association (exact for integers).
 """
@@ -48,6 +49,7 @@ class SmallCollectives:
         # The schedule, computed once: every other rank, in rank order.
         self._peers = [q for q in range(group.size) if q != group.rank]
         self._scratch: dict[tuple[Any, int], np.ndarray] = {}
+        self._pair: dict[tuple[Any, Any], tuple[np.ndarray, Any]] = {}  # (scratch, target)
 
     def usable(self, nbytes: int) -> bool:
         return 1 < self.size <= SMALL_MAX_RANKS and nbytes <= SMALL_MAX
@@ -72,6 +74,13 @@ class SmallCollectives:
             ch.failed()
             raise
 
+    async def _exchange(self, ch: Chan, peer: int, send: Any, recv: Any) -> None:
+        """Two ranks: send first, then wait for the peer's message in place (it is
+        microseconds away; no operation, no event-loop turn when it comes in time)."""
+        sfut = ch.send(peer, send)
+        if ch.recv_spin(peer, recv) is not None or sfut is not None:
+            await self._finish(ch)
+
     # ------------------------------------------------------------ the collectives
     async def bcast(self, ch: Chan, buf: np.ndarray, root: int) -> None:
         """Root sends to every rank at once; the others receive once."""
@@ -80,6 +89,9 @@ class SmallCollectives:
             target = t.send_ptr(buf)
             for q in self._peers:
                 ch.send(q, target)
+        elif self.size == 2:  # the only receive: wait for it in place
+            if ch.recv_spin(root, t.recv_ptr(buf)) is None:
+                return
         else:
             ch.recv(root, t.recv_ptr(buf))
         await self._finish(ch)
@@ -89,12 +101,15 @@ class SmallCollectives:
         t, n, r = self._transport, send.size, self.rank
         rt = t.recv_ptr(recv)
         nb = send.nbytes
+        recv[r * n:(r + 1) * n] = send
+        if self.size == 2:
+            q = self._peers[0]
+            return await self._exchange(ch, q, t.send_ptr(send), t.subtarget(rt, q * nb, nb))
         for q in self._peers:
             ch.recv(q, t.subtarget(rt, q * nb, nb))
         st = t.send_ptr(send)
         for q in self._peers:
             ch.send(q, st)
-        recv[r * n:(r + 1) * n] = send
         await self._finish(ch)
 
     async def alltoall(self, ch: Chan, send: np.ndarray, recv: np.ndarray) -> None:
@@ -103,11 +118,15 @@ class SmallCollectives:
         n = send.size // p
         nb = n * send.itemsize
         rt, st = t.recv_ptr(recv), t.send_ptr(send)
+        recv[r * n:(r + 1) * n] = send[r * n:(r + 1) * n]
+        if p == 2:
+            q = self._peers[0]
+            return await self._exchange(ch, q, t.subtarget(st, q * nb, nb),
+                                        t.subtarget(rt, q * nb, nb))
         for q in self._peers:
             ch.recv(q, t.subtarget(rt, q * nb, nb))
         for q in self._peers:
             ch.send(q, t.subtarget(st, q * nb, nb))
-        recv[r * n:(r + 1) * n] = send[r * n:(r + 1) * n]
         await self._finish(ch)
 
     async def reduce_scatter_block(self, ch: Chan, send: np.ndarray, recv: np.ndarray,
@@ -117,22 +136,37 @@ class SmallCollectives:
         t, r, p = self._transport, self.rank, self.size
         n = send.size // p
         nb = n * send.itemsize
+        out = recv if recv.size == n else recv[:n]
+        if p == 2:  # one exchange, then one ufunc call with rank 0's block on the left
+            q = self._peers[0]
+            tmp, tmp_target = self._pair_scratch(send.dtype, (n,))
+            await self._exchange(ch, q, t.subtarget(t.send_ptr(send), q * nb, nb),
+                                 tmp_target)
+            mine = send[r * n:(r + 1) * n]
+            if r == 0:
+                ufunc(mine, tmp, out=out)
+            else:
+                ufunc(tmp, mine, out=out)
+            self._pair[(send.dtype, (n,))] = (tmp, tmp_target)
+            return
         rows = self._take(send.dtype, n)
         rt, st = t.recv_ptr(rows), t.send_ptr(send)
+        rows[r] = send[r * n:(r + 1) * n]
         for q in self._peers:
             ch.recv(q, t.subtarget(rt, q * nb, nb))
         for q in self._peers:
             ch.send(q, t.subtarget(st, q * nb, nb))
-        rows[r] = send[r * n:(r + 1) * n]
         await self._finish(ch)
         # Row by row in rank order (numpy reduces a leading axis sequentially).
-        ufunc.reduce(rows, axis=0, out=recv if recv.size == n else recv[:n])
+        ufunc.reduce(rows, axis=0, out=out)
         self._give(rows)
 
     async def allreduce(self, ch: Chan, send: np.ndarray, recv: np.ndarray,
                         ufunc: Any) -> None:
         """Everyone sends its whole input to everyone (one round), then reduces the p
         contributions in rank order: identical results on every rank."""
+        if self.size == 2:
+            return await self._allreduce_pair(ch, send, recv, ufunc)
         t, r = self._transport, self.rank
         n = send.size
         nb = send.nbytes
@@ -147,3 +181,26 @@ class SmallCollectives:
         await self._finish(ch)
         ufunc.reduce(rows, axis=0, out=recv.reshape(-1))  # in rank order, row by row
         self._give(rows)
+
+    async def _allreduce_pair(self, ch: Chan, send: np.ndarray, recv: np.ndarray,
+                              ufunc: Any) -> None:
+        """Two ranks: one exchange. The send goes first and the receive waits in place
+        (the peer's message is microseconds away), then one ufunc call with rank 0's
+        contribution on the left."""
+        tmp, tmp_target = self._pair_scratch(send.dtype, send.shape)
+        await self._exchange(ch, self._peers[0], self._transport.send_ptr(send), tmp_target)
+        if self.rank == 0:
+            ufunc(send, tmp, out=recv)
+        else:
+            ufunc(tmp, send, out=recv)
+        self._pair[(send.dtype, send.shape)] = (tmp, tmp_target)
+
+    def _pair_scratch(self, dtype: Any, shape: Any) -> tuple[np.ndarray, Any]:
+        """Scratch of ``shape`` and its receive target (reused: put it back in
+        ``self._pair`` after use; a concurrent call gets its own)."""
+        cached = self._pair.pop((dtype, shape), None)
+        if cached is None:
+            tmp = np.empty(shape, dtype)
+            cached = (tmp, self._transport.recv_ptr(tmp))
+        return cached
+

@@ -99,6 +99,7 @@ class Progress:
         self._ready = ready_queue(loop)
         self._spinners = 0  # tasks progressing inside wait()
         self._sleeper: asyncio.Future | None = None
+        self._kick_due = False  # a kick is scheduled (call_soon)
         self._closed = False
         self._task: asyncio.Task | None = None
 
@@ -220,9 +221,24 @@ class Progress:
 
     def kick(self) -> None:
         """Make sure the progress task runs (after posting operations that are not
-        awaited through :meth:`wait` right away)."""
+        awaited through :meth:`wait` right away).
+
+        The wake-up is decided when the event loop next runs callbacks, not now: the
+        usual caller posts a request and awaits it at once, and by then that await is
+        progressing (a spinner), so the sleeping task is left asleep. Waking it for
+        nothing (disarming its sources, then parking it again) cost 10-13 us per
+        ``Irecv`` + ``Send`` + ``await`` exchange (18 us instead of 5)."""
+        if self._spinners or self._kick_due:
+            return  # an awaiter is progressing (it kicks when it stops), or one is due
+        s = self._sleeper
+        if s is not None and not s.done():
+            self._kick_due = True
+            self._loop.call_soon(self._kick_now)
+
+    def _kick_now(self) -> None:
+        self._kick_due = False
         if self._spinners:
-            return  # an awaiter is progressing; it kicks when it stops
+            return
         s = self._sleeper
         if s is not None and not s.done():
             s.set_result(None)
