@@ -111,6 +111,36 @@ async def test_spin_returns_once_the_check_passes():
         src.close()
 
 
+async def test_kick_leaves_the_task_asleep_when_the_poster_waits_itself():
+    """Posting an operation kicks the progress task, but the usual poster awaits the
+    operation at once (progressing it in place): the wake-up is decided at the next
+    callback round, so the sleeping task is not woken (and re-parked) for nothing.
+    Before, every Irecv + await woke it: 10-13 us per exchange. An operation nobody
+    awaits still wakes it."""
+    loop = asyncio.get_running_loop()
+    progress = Progress(loop, spin_s=5.0)
+    src = PipeSource(loop)
+    progress.add(src)
+    try:
+        await asyncio.wait_for(src.armed.wait(), 10)  # the progress task is asleep
+        os.write(src.wfd, b"a")  # the reply is already there when the poster waits
+        progress.kick()
+        assert await progress.wait(src.fut) == b"a"
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert src.disarms == 0, "the sleeping task was woken for an awaited operation"
+        src.fut = loop.create_future()  # posted, not awaited: the task must take it
+        progress.kick()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert src.disarms == 1
+        os.write(src.wfd, b"b")
+        assert await asyncio.wait_for(asyncio.shield(src.fut), 10) == b"b"
+    finally:
+        await progress.aclose()
+        src.close()
+
+
 async def test_cancelled_progress_task_tells_its_owner():
     loop = asyncio.get_running_loop()
     told = []

@@ -237,8 +237,8 @@ class Progress:
 
     def _kick_now(self) -> None:
         self._kick_due = False
-        if self._spinners:
-            return
+        if self._spinners or not self._busy():
+            return  # progressing in place, or already done: nothing to hand over
         s = self._sleeper
         if s is not None and not s.done():
             s.set_result(None)
