@@ -19,7 +19,7 @@ SIZES = [1, 2, 3, 4]
     "allreduce_ops_dtypes", "allreduce_large_and_in_place", "bcast_reduce_every_root",
     "gather_scatter_allgather", "v_variants", "alltoall_and_reduce_scatter", "scans",
     "objects", "nonblocking_overlap", "bad_input", "tuning_switch_points",
-    "small_paths_match_general",
+    "small_paths_match_general", "object_buffers_refused",
 ])
 def test_collectives(name, nranks):
     run_case(COLL_CASES, name, nranks)

@@ -107,6 +107,11 @@ def _resolve(obj: Any, writable: bool, what: str) -> Any:
                 raise TypeError(f"{what}: expected an object with the buffer protocol, "
                                 f"__cuda_array_interface__ or DLPack, got "
                                 f"{type(obj).__name__}") from None
+    if obj.dtype.hasobject:
+        raise TypeError(f"{what}: the buffer holds Python object references (dtype "
+                        f"{obj.dtype}), which mean nothing in another process; send "
+                        "objects with the lower-case API (comm.send/recv/bcast...), which "
+                        "pickles them")
     flags = obj.flags
     if not (flags.c_contiguous or flags.f_contiguous):
         raise ValueError(f"{what}: the buffer is not contiguous; pass a contiguous copy "
@@ -131,7 +136,7 @@ def as_send_buffer(obj: Any) -> BufferSpec:
     Raises
     ------
     TypeError
-        ``obj`` is not a buffer.
+        ``obj`` is not a buffer, or holds Python object references (``dtype=object``).
     ValueError
         ``obj`` is not contiguous.
     """
@@ -144,7 +149,7 @@ def as_recv_buffer(obj: Any) -> BufferSpec:
     Raises
     ------
     TypeError
-        ``obj`` is not a buffer.
+        ``obj`` is not a buffer, or holds Python object references (``dtype=object``).
     ValueError
         ``obj`` is not contiguous or is read-only.
     """

@@ -385,6 +385,60 @@ async def bad_input(comm):
 
 
 @case
+async def object_buffers_refused(comm):
+    """Regression: numpy dtype=object arrays passed every buffer check, so raw PyObject
+    pointers went on the wire (the receiver segfaulted; Allreduce crashed both ranks).
+    Buffers holding object references now raise TypeError at the call, before any I/O,
+    for messages, collectives and windows; the communicator stays in step."""
+    p, r = comm.size, comm.rank
+    obj = np.array([object(), None, 1.5, "x"] * p, dtype=object)
+    rec = np.zeros(4 * p, dtype=[("v", "f8"), ("o", "O")])  # an object field
+    peer = (r + 1) % p
+    bad = [
+        lambda: comm.Send(obj, peer),
+        lambda: comm.Recv(obj, peer),
+        lambda: comm.Isend(rec, peer),
+        lambda: comm.Irecv(memoryview(obj), peer),
+        lambda: comm.Sendrecv(obj, peer, np.zeros(4), peer),
+        lambda: comm.Allreduce(obj, obj.copy()),
+        lambda: comm.Allreduce(ucxcomm.IN_PLACE, obj),
+        lambda: comm.Reduce(rec, rec.copy(), root=0),
+        lambda: comm.Bcast(obj, root=0),
+        lambda: comm.Allgather(obj[:4], obj.copy()),
+        lambda: comm.Alltoall(obj, obj.copy()),
+        lambda: comm.Reduce_scatter_block(obj, obj[:4].copy()),
+        lambda: ucxcomm.Win.Create(comm, obj),
+    ]
+    for i, call in enumerate(bad):
+        try:
+            await call()
+        except TypeError as exc:
+            assert "object" in str(exc), (i, exc)
+        else:
+            raise AssertionError(f"object buffer call {i} was accepted")
+    win = await ucxcomm.Win.Allocate(comm, 64)
+    for call in (lambda: win.Put(obj, peer), lambda: win.Get(obj, peer),
+                 lambda: win.Accumulate(obj[:2], peer)):
+        try:
+            await call()
+        except TypeError:
+            pass
+        else:
+            raise AssertionError("an object buffer reached a window")
+    await win.Free()
+    # Nothing moved, nothing was consumed: messages and collectives still line up.
+    out = np.zeros(3)
+    await comm.Allreduce(np.full(3, r + 1.0), out)
+    assert (out == p * (p + 1) / 2).all(), out
+    got = np.zeros(2, np.int64)
+    req = comm.Irecv(got, (r - 1) % p)
+    await comm.Send(np.array([r, 7], np.int64), peer)
+    await req
+    assert list(got) == [(r - 1) % p, 7]
+    assert await comm.allreduce([r]) == list(range(p))
+
+
+@case
 async def cancelled_collective(comm):
     """A rank whose collective times out withdraws its receives: its buffer is never
     written afterwards, even though the peer later completes its side (2 ranks)."""

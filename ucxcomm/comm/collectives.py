@@ -69,7 +69,7 @@ def _ufunc(op: Any, arr: Any) -> Any:
     dtype = np.dtype(arr.dtype)
     key = (op.name, dtype)
     if key not in _checked_ops:
-        ok = not (op in (MIN, MAX) and dtype.kind == "c")
+        ok = not (op in (MIN, MAX) and dtype.kind == "c") and not dtype.hasobject
         if ok:
             try:
                 getattr(np, op.ufunc)(np.zeros(1, dtype), np.zeros(1, dtype),
@@ -78,6 +78,10 @@ def _ufunc(op: Any, arr: Any) -> Any:
                 ok = False
         _checked_ops[key] = ok
     if not _checked_ops[key]:
+        if dtype.hasobject:
+            raise TypeError(f"buffer reductions need numeric dtypes, not {dtype} (Python "
+                            "object references); reduce objects with the lower-case API "
+                            "(comm.allreduce, comm.reduce)")
         raise TypeError(f"{op!r} is not defined for dtype {dtype}")
     if isinstance(arr, np.ndarray):
         return getattr(np, op.ufunc)

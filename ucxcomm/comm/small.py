@@ -32,9 +32,10 @@ SMALL_MAX_RANKS = 32
 
 
 def small_ok(*arrays: Any) -> bool:
-    """All ``arrays`` are C-contiguous numpy arrays (the only kind these paths take)."""
+    """All ``arrays`` are C-contiguous numpy arrays of plain data (the only kind these
+    paths take; the general path gives the errors for the others)."""
     for a in arrays:
-        if type(a) is not np.ndarray or not a.flags.c_contiguous:
+        if type(a) is not np.ndarray or not a.flags.c_contiguous or a.dtype.hasobject:
             return False
     return True
 

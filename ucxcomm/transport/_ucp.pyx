@@ -121,6 +121,36 @@ def ep_transports(uintptr_t ep):
 
 
 # ====================================================================== buffers
+cdef object _ndarray = None  # numpy.ndarray, looked up on first use
+
+
+cdef int get_buffer(object obj, Py_buffer *view, int flags) except -1:
+    """``PyObject_GetBuffer``, refusing memory that holds Python object references (numpy
+    ``dtype=object`` or structured dtypes with object fields, and memoryviews of them):
+    their bytes are pointers, meaningless to (and a crash in) another process."""
+    global _ndarray
+    PyObject_GetBuffer(obj, view, flags)
+    t = type(obj)
+    if t is bytes or t is bytearray:
+        return 0
+    if _ndarray is None:
+        import numpy
+        _ndarray = numpy.ndarray
+    if t is _ndarray:
+        refs = obj.dtype.hasobject
+    elif t is memoryview:
+        refs = "O" in obj.format
+    else:
+        return 0
+    if refs:
+        PyBuffer_Release(view)
+        raise TypeError("this buffer holds Python object references (numpy dtype=object "
+                        "or object fields), which mean nothing in another process; send "
+                        "objects with the lower-case API (comm.send/recv/bcast...), which "
+                        "pickles them")
+    return 0
+
+
 cdef class BufRef:
     """Holds a buffer export (so the memory stays put) while UCX may use it."""
 
@@ -145,7 +175,7 @@ cdef object _slow_target(object obj, bint writable, bint cuda):
         return (int(spec.obj.__cuda_array_interface__["data"][0]), spec.nbytes, spec.obj,
                 True)
     cdef BufRef ref = BufRef.__new__(BufRef)
-    PyObject_GetBuffer(spec.obj, &ref.view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
+    get_buffer(spec.obj, &ref.view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
     ref.held = True
     return (<uintptr_t>ref.view.buf, ref.view.len, ref, False)
 
@@ -160,7 +190,7 @@ def target(object obj, bint writable, bint cuda):
     """
     cdef BufRef ref = BufRef.__new__(BufRef)
     try:
-        PyObject_GetBuffer(obj, &ref.view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
+        get_buffer(obj, &ref.view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
     except (TypeError, ValueError, BufferError):
         return _slow_target(obj, writable, cuda)
     ref.held = True
@@ -302,7 +332,7 @@ cdef class TagEngine:
         cdef Op op
         self._check(peers)
         try:
-            PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE)
+            get_buffer(obj, &view, PyBUF_SIMPLE)
         except (TypeError, ValueError, BufferError):
             return self.send_raw(ep, target(obj, False, self._cuda), tag, peers, fast)
         try:
@@ -944,7 +974,7 @@ def rma_put(uintptr_t eng, uintptr_t ep, object buf, uint64_t raddr, uintptr_t r
     ``raddr``, waiting in place up to ``spin_s``: None (done) or an :class:`RmaRequest`.
     ``BufferError``/``TypeError`` when ``buf`` is not such a buffer (nothing moved)."""
     cdef BufRef ref = BufRef.__new__(BufRef)
-    PyObject_GetBuffer(buf, &ref.view, PyBUF_SIMPLE)
+    get_buffer(buf, &ref.view, PyBUF_SIMPLE)
     ref.held = True
     cdef void *req = NULL
     cdef int st = ucxcomm_rma_put(<void *>eng, ep, ref.view.buf, ref.view.len, raddr,
@@ -959,7 +989,7 @@ def copy_in(uintptr_t dst, object buf):
     """Copy all of ``buf`` (host memory with the buffer protocol, C-contiguous) to address
     ``dst`` (memory of a peer mapped into this process)."""
     cdef Py_buffer view
-    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    get_buffer(buf, &view, PyBUF_SIMPLE)
     try:
         if <size_t>view.len >= _COPY_NOGIL:
             with nogil:
@@ -973,7 +1003,7 @@ def copy_in(uintptr_t dst, object buf):
 def copy_out(object buf, uintptr_t src):
     """Fill ``buf`` (writable host memory, C-contiguous) from address ``src``."""
     cdef Py_buffer view
-    PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
+    get_buffer(buf, &view, PyBUF_WRITABLE)
     try:
         if <size_t>view.len >= _COPY_NOGIL:
             with nogil:
@@ -1016,7 +1046,7 @@ def rma_get(uintptr_t eng, uintptr_t ep, object buf, uint64_t raddr, uintptr_t r
     """Get ``len(buf)`` bytes at ``raddr`` into ``buf`` (writable host memory); like
     :func:`rma_put`."""
     cdef BufRef ref = BufRef.__new__(BufRef)
-    PyObject_GetBuffer(buf, &ref.view, PyBUF_WRITABLE)
+    get_buffer(buf, &ref.view, PyBUF_WRITABLE)
     ref.held = True
     cdef void *req = NULL
     cdef int st = ucxcomm_rma_get(<void *>eng, ep, ref.view.buf, ref.view.len, raddr,
