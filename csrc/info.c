@@ -1,8 +1,11 @@
 /* Library facts for Python: UCX constants by name, version, library path, lanes. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+
+#include <ucs/debug/log_def.h>
 
 #include "ucxcomm_internal.h"
 
@@ -86,3 +89,51 @@ int ucxcomm_ep_transports(uintptr_t ep, char *out, size_t outlen)
     }
     return (int)UCS_OK;
 }
+
+/* ---- quieting UCX's log while an expected failure may happen */
+#define QUIET_KEEP 8
+static unsigned quieted; /* messages swallowed since the last push */
+static char quiet_text[QUIET_KEEP][256]; /* the first of them, formatted */
+
+static ucs_log_func_rc_t quiet_handler(const char *file, unsigned line,
+                                       const char *function, ucs_log_level_t level,
+                                       const ucs_log_component_config_t *comp_conf,
+                                       const char *message, va_list ap)
+{
+    (void)function;
+    (void)comp_conf;
+    if (level > UCS_LOG_LEVEL_WARN) {
+        return UCS_LOG_FUNC_RC_CONTINUE;
+    }
+    if (quieted < QUIET_KEEP) {
+        char *out = quiet_text[quieted];
+        int n = snprintf(out, sizeof(quiet_text[0]), "%s:%u %s ", file, line,
+                         ucs_log_level_names[level]);
+        if (n >= 0 && (size_t)n < sizeof(quiet_text[0])) {
+            va_list copy;
+            va_copy(copy, ap);
+            vsnprintf(out + n, sizeof(quiet_text[0]) - (size_t)n, message, copy);
+            va_end(copy);
+        }
+    }
+    ++quieted;
+    return UCS_LOG_FUNC_RC_STOP;
+}
+
+const char *ucxcomm_log_quieted(unsigned i)
+{
+    return i < quieted && i < QUIET_KEEP ? quiet_text[i] : NULL;
+}
+
+void ucxcomm_log_quiet_push(void)
+{
+    quieted = 0;
+    ucs_log_push_handler(quiet_handler);
+}
+
+unsigned ucxcomm_log_quiet_pop(void)
+{
+    ucs_log_pop_handler();
+    return quieted;
+}
+

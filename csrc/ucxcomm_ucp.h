@@ -30,6 +30,13 @@ const char *ucxcomm_version_string(void);
 const char *ucxcomm_libucp_path(void);
 /* Writes "tl/dev;tl/dev;..." for an endpoint's lanes (ucp_ep_query). */
 int ucxcomm_ep_transports(uintptr_t ep, char *out, size_t outlen);
+/* Swallow UCX's warnings and errors until the matching pop, which returns how many it
+ * swallowed (around a call whose failure is reported as an exception anyway). Calls
+ * that may log meanwhile from other threads are swallowed too: keep the span short. */
+void ucxcomm_log_quiet_push(void);
+unsigned ucxcomm_log_quiet_pop(void);
+/* The i-th swallowed message (the first 8 are kept), or NULL. */
+const char *ucxcomm_log_quieted(unsigned i);
 
 /* ---- tag.c: the tag message path on a ucxx-owned worker, polled requests */
 int ucxcomm_tag_send(uintptr_t ep, const void *buf, size_t n, uint64_t tag, int fast,

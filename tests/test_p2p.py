@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,13 @@ def test_ordering_many_in_flight(nranks):
 def test_peer_failure(nranks):
     proc = run_case(P2P_CASES, "peer_failure", nranks)
     assert "died or left" in proc.stderr
+
+
+def test_send_to_exited_peer(tmp_path):
+    fifo = tmp_path / "pid"
+    os.mkfifo(fifo)
+    proc = run_case(P2P_CASES, "send_to_exited_peer", 2, env={"UCXCOMM_TEST_FIFO": str(fifo)})
+    assert "UCX  ERROR" not in proc.stderr and "UCX ERROR" not in proc.stderr, proc.stderr
 
 
 def test_closed():

@@ -380,6 +380,50 @@ async def barrier_and_timeouts(comm):
 
 
 @case
+async def send_to_exited_peer(comm):
+    """Regression: the first send to a rank that already exited (no earlier traffic, so
+    the endpoint is created now) printed 8 ``UCX ERROR`` lines (its shared memory is
+    gone) around the error. It raises PeerFailure naming the rank, quietly. Rank 1 hands
+    its pid over a FIFO (not UCX) and exits; rank 0 waits on a pidfd for the exit, then
+    sends at once, before its event loop can hear of the death from the store."""
+    import select
+
+    fifo = os.environ["UCXCOMM_TEST_FIFO"]
+    if comm.rank == 1:
+        wfd = os.open(fifo, os.O_WRONLY)  # (blocks until rank 0 opens it: intended)
+        os.write(wfd, f"{os.getpid()}\n".encode())
+        os.close(wfd)
+        sys.stdout.write("CASE-OK send_to_exited_peer rank 1\n")
+        sys.stdout.flush()
+        os._exit(0)
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        text = b""
+        while not text.endswith(b"\n") and len(text) < 16:
+            if not select.select([fd], [], [], 30)[0]:
+                raise AssertionError("no pid from rank 1")
+            chunk = os.read(fd, 16)
+            if not chunk:
+                break
+            text += chunk
+    finally:
+        os.close(fd)
+    pidfd = os.pidfd_open(int(text))
+    try:
+        assert select.select([pidfd], [], [], 30)[0], "rank 1 did not exit"
+    finally:
+        os.close(pidfd)
+    try:
+        await comm.Send(np.zeros(8), 1)
+    except ucxcomm.PeerFailure as exc:
+        assert exc.peer == 1, exc.peer
+    else:
+        raise AssertionError("a send to an exited rank succeeded")
+    comm.abort()
+    return "aborted"
+
+
+@case
 async def peer_failure(comm):
     """The last rank dies (no close); pending and new operations on it raise PeerFailure."""
     victim = comm.size - 1

@@ -33,6 +33,9 @@ cdef extern from "ucxcomm_ucp.h" nogil:
     const char *ucxcomm_status_string(int status)
     const char *ucxcomm_version_string()
     const char *ucxcomm_libucp_path()
+    void ucxcomm_log_quiet_push()
+    unsigned ucxcomm_log_quiet_pop()
+    const char *ucxcomm_log_quieted(unsigned i)
     int ucxcomm_ep_transports(uintptr_t ep, char *out, size_t outlen)
 
     int ucxcomm_tag_send(uintptr_t ep, const void *buf, size_t n, uint64_t tag, int fast,
@@ -118,6 +121,26 @@ def ep_transports(uintptr_t ep):
     cdef char out[4096]
     cdef int st = ucxcomm_ep_transports(ep, out, sizeof(out))
     return st, (out.decode() if st == 0 else "")
+
+
+def log_quiet_push():
+    """Swallow UCX's warnings and errors until :func:`log_quiet_pop`."""
+    ucxcomm_log_quiet_push()
+
+
+def log_quiet_pop():
+    """End :func:`log_quiet_push`; returns the messages it swallowed (the first 8;
+    more are counted as ``"... and N more"``)."""
+    cdef unsigned n = ucxcomm_log_quiet_pop()
+    cdef const char *text
+    out = []
+    for i in range(n):
+        text = ucxcomm_log_quieted(i)
+        if text == NULL:
+            out.append(f"... and {n - i} more")
+            break
+        out.append(text.decode("utf-8", "replace"))
+    return out
 
 
 # ====================================================================== buffers

@@ -202,11 +202,25 @@ def create_listener(worker: Any, port: int, callback: Callable[[Any], None]) -> 
     return _call(ucxx.UCXListener.create, worker, port, callback, what=f"listening on {port}")
 
 
-def endpoint_from_address(worker: Any, address: bytes) -> Any:
-    """A UCX endpoint to the worker at ``address``, without UCX peer error handling."""
+def endpoint_from_address(worker: Any, address: bytes, peer: Any = None) -> Any:
+    """A UCX endpoint to the worker at ``address``, without UCX peer error handling.
+
+    A peer that died leaves shared-memory segments UCX cannot attach: that raises
+    :class:`~ucxcomm.PeerFailure` naming ``peer``, and UCX's own error lines about it
+    (up to 8 per attempt) are kept out of the user's stderr (logged at debug level)."""
     ucxx = load()
-    return _call(lambda: worker.create_endpoint_from_worker_address(
-        ucxx.UCXAddress.create_from_buffer(address), False), what="connecting")
+    what = "connecting" if peer is None else f"connecting to rank {peer}"
+    ucp.log_quiet_push()
+    try:
+        ep = _call(lambda: worker.create_endpoint_from_worker_address(
+            ucxx.UCXAddress.create_from_buffer(address), False), peer=peer, what=what)
+    except BaseException:
+        for line in ucp.log_quiet_pop():  # the exception says it
+            log.debug("%s: UCX: %s", what, line)
+        raise
+    for line in ucp.log_quiet_pop():  # it worked: UCX's warnings still deserve a look
+        log.warning("%s: UCX: %s", what, line)
+    return ep
 
 
 def endpoint_from_host(worker: Any, host: str, port: int) -> Any:

@@ -232,7 +232,7 @@ class Worker(Transport):
         ClosedError
         """
         self._check_open()
-        ep = Endpoint(self, _ucx.endpoint_from_address(self._worker, address), peer)
+        ep = Endpoint(self, _ucx.endpoint_from_address(self._worker, address, peer), peer)
         if peer is not None:
             try:
                 check_lanes(self._plan, peer, ep.transports())
