@@ -287,6 +287,26 @@ async def bad_input(comm):
             raise AssertionError(f"expected {exc_type.__name__}, got {exc!r}") from exc
         else:
             raise AssertionError(f"expected {exc_type.__name__} from {call}")
+    # Timeouts: negative, NaN, infinite or not a number fail before anything is posted
+    # (before, timeout=-1 was accepted: a posted receive then timed out at once).
+    small = np.zeros(2)
+    timeouts = [
+        (ValueError, lambda t: comm.Send(small, peer, timeout=t), -1),
+        (ValueError, lambda t: comm.Recv(small, left, timeout=t), -0.5),
+        (ValueError, lambda t: comm.send("x", peer, timeout=t), float("nan")),
+        (ValueError, lambda t: comm.recv(left, timeout=t), float("inf")),
+        (TypeError, lambda t: comm.sendrecv("x", peer, source=left, timeout=t), "1"),
+        (ValueError, lambda t: comm.Sendrecv(small, peer, small, left, timeout=t), -1),
+        (TypeError, lambda t: comm.probe(left, timeout=t), True),
+        (ValueError, lambda t: comm.barrier(timeout=t), -2),
+    ]
+    for exc_type, call, bad in timeouts:
+        try:
+            await call(bad)
+        except exc_type as exc:
+            assert "timeout" in str(exc), exc
+        else:
+            raise AssertionError(f"timeout={bad!r} accepted by {call}")
     try:
         await comm.split(-2)
     except ValueError:

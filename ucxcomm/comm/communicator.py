@@ -20,7 +20,7 @@ from .._serialize import FRAMED, encode, loads_inline
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError
 from .algorithms import ScratchPool
 from .collectives import Collectives
-from .group import Group, check_int, with_timeout
+from .group import Group, check_int, check_timeout, with_timeout
 from .ops import SUM, Op
 from .pool import FramePool
 from .request import Request, Status
@@ -187,6 +187,8 @@ class Comm:
             Bad buffer, rank or tag (before anything is sent).
         ClosedError, PeerFailure, CommTimeoutError
         """
+        if timeout is not None:
+            check_timeout(timeout, "Send")
         fut = self._post_send(buf, dest, tag)
         if fut is not None:
             if timeout is None:
@@ -229,6 +231,8 @@ class Comm:
             Non-contiguous or read-only buffer, bad rank or tag.
         ClosedError, PeerFailure, CommTimeoutError
         """
+        if timeout is not None:
+            check_timeout(timeout, "Recv")
         res = self._post_recv(buf, source, tag, spin=True)
         if type(res) is not tuple:
             if timeout is None:
@@ -263,6 +267,8 @@ class Comm:
             Bad rank or tag, or ``obj`` cannot be pickled (before anything is sent).
         ClosedError, PeerFailure, CommTimeoutError
         """
+        if timeout is not None:
+            check_timeout(timeout, "send")
         self._check_open()
         if type(dest) is not int or not 0 <= dest < self.size:
             dest = self._check_peer(dest, "dest")
@@ -310,6 +316,8 @@ class Comm:
         ------
         ClosedError, PeerFailure, CommTimeoutError
         """
+        if timeout is not None:
+            check_timeout(timeout, "recv")
         source, tag = self._check_recv(source, tag)
         res = self._post_recv_obj(source, KIND_P2P, tag, spin=True)
         if type(res) is tuple:  # fast path: a small object that was already here
@@ -347,6 +355,8 @@ class Comm:
                        source: int = ANY_SOURCE, recvtag: int = ANY_TAG, *,
                        return_status: bool = False, timeout: float | None = None) -> Any:
         """Send ``sendobj`` to ``dest`` and receive one object, without deadlock."""
+        if timeout is not None:
+            check_timeout(timeout, "sendrecv")
         self._check_open()
         dest = self._check_peer(dest, "dest")
         sendtag = self._check_tag(sendtag)
@@ -369,6 +379,8 @@ class Comm:
                        sendtag: int = 0, recvtag: int = ANY_TAG, *,
                        timeout: float | None = None) -> Status:
         """Buffer form of :meth:`sendrecv`; returns the receive's :class:`Status`."""
+        if timeout is not None:
+            check_timeout(timeout, "Sendrecv")
         rtarget = self._transport.recv_ptr(recvbuf)
         source, recvtag = self._check_recv(source, recvtag)
         sfut = self._post_send(sendbuf, dest, sendtag)
@@ -398,6 +410,8 @@ class Comm:
         The message is not received. For objects, ``nbytes`` is the size of the first
         part (header and in-band pickle) only.
         """
+        if timeout is not None:
+            check_timeout(timeout, "probe")
         source, tag = self._check_recv(source, tag)
         fut = self._transport.probe_wait(*self._match(KIND_P2P, source, tag))
         got = await with_timeout(self._await_recv(fut), timeout, "probe")
@@ -604,6 +618,8 @@ class Comm:
 
     @_doc(Collectives.barrier)
     async def barrier(self, *, timeout: float | None = None) -> None:
+        if timeout is not None:
+            check_timeout(timeout, "barrier")
         await self._coll.barrier(timeout=timeout)
 
     @_doc(Collectives.ibarrier)

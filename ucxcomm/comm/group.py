@@ -48,6 +48,19 @@ def check_int(value: Any, what: str) -> int:
     return int(value)
 
 
+def check_timeout(timeout: Any, what: str) -> None:
+    """A ``timeout=`` argument: None, or a number of seconds >= 0 (ValueError/TypeError
+    at the call, before any I/O)."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{what}: timeout must be a number of seconds or None, got "
+                        f"{timeout!r}")
+    if not timeout >= 0 or timeout == float("inf"):  # (also NaN)
+        raise ValueError(f"{what}: timeout must be >= 0 seconds (or None: no limit), got "
+                         f"{timeout!r}")
+
+
 async def with_timeout(aw: Awaitable[Any], timeout: float | None, what: str) -> Any:
     """Await ``aw``; past ``timeout`` seconds raise :class:`~ucxcomm.CommTimeoutError`."""
     if timeout is None:
