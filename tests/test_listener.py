@@ -132,6 +132,69 @@ async def test_connect_refused():
         await ep.recv(bytearray(1))  # pragma: no cover - must not get here
 
 
+_CLOSE_PROG = r"""
+import asyncio, gc, socket, time
+import ucxcomm
+from ucxcomm.transport import connect, listen
+
+def port_open(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+async def main():
+    accepted = []
+
+    async def handler(ep):
+        accepted.append(ep)
+
+    lst = await listen(handler, 0)
+    port = lst.port
+    client = await connect("127.0.0.1", port, timeout=10)
+    async with asyncio.timeout(10):
+        while not accepted:
+            await asyncio.sleep(0.005)
+    await lst.close()
+    assert lst.port == port
+    # UCX keeps the listener while the accepted endpoint exists: a new client is turned
+    # away at once (before: UCX called into the freed callback and crashed the server).
+    t0 = time.monotonic()
+    try:
+        await connect("127.0.0.1", port, timeout=10)
+    except ucxcomm.UcxCommError:
+        pass
+    else:
+        raise AssertionError("a closed listener accepted a connection")
+    assert time.monotonic() - t0 < 5, "the turned-away client waited"
+    await accepted.pop().close()
+    await client.close()
+    gc.collect()
+    # UCX finishes closing the endpoints during progress, then drops the listener: the
+    # kernel's socket state is the only sign, so look at it (10 s at most).
+    try:
+        async with asyncio.timeout(10):
+            while port_open(port):
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError("the port stayed open after close and disconnect") from None
+    lst2 = await listen(handler, 0)
+    await lst2.close()
+    assert not port_open(lst2.port), "a closed, unused listener kept its port"
+    print("LISTENER-CLOSE-OK")
+
+asyncio.run(main())
+"""
+
+
+def test_closed_listener_turns_clients_away_and_releases_its_port():
+    """Regression (issue 15, defect 7): after accepting a connection, ``close()`` left
+    the port open and the next client made the server crash (UCX called a callback whose
+    Python data was gone) or hang. Run in a child process so a crash is a failure here."""
+    proc = subprocess.run([sys.executable, "-c", _CLOSE_PROG], capture_output=True,
+                          text=True, timeout=50)
+    assert proc.returncode == 0 and "LISTENER-CLOSE-OK" in proc.stdout, \
+        (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
+
+
 def test_transport_is_lazy():
     """``import ucxcomm`` loads the transport's contract only, never UCX (nor the
     modules that drive it)."""

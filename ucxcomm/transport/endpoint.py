@@ -27,6 +27,7 @@ class _Owner(Protocol):
 
     @property
     def closed(self) -> bool: ...
+    def forget(self, ep: Any) -> None: ...
     def send(self, ep_handle: int, obj: Any, tag: int, peers: Peers,
              fast: bool = False) -> asyncio.Future | None: ...
     def send_raw(self, ep_handle: int, target: Target, tag: int, peers: Peers,
@@ -55,8 +56,8 @@ class Endpoint(Link):
     operations when that peer is declared dead.
     """
 
-    __slots__ = ("_closed", "_ep", "_fast", "_frame_seq", "_handle", "_peers", "_recv_ns",
-                 "_send_ns", "_worker", "peer")
+    __slots__ = ("_closed", "_ep", "_fast", "_frame_seq", "_handle", "_keep", "_peers",
+                 "_recv_ns", "_send_ns", "_worker", "peer")
 
     def __init__(self, worker: _Owner, ucx_ep: Any, peer: Any = None) -> None:
         self._worker = worker
@@ -70,6 +71,9 @@ class Endpoint(Link):
         self._send_ns: int | None = None
         self._recv_ns: int | None = None
         self._frame_seq = 0
+        # What must outlive the UCX endpoint (the listener that accepted it: UCX keeps
+        # calling that listener's callback while the endpoint exists).
+        self._keep: Any = None
         # Fast-completion sends when every lane is shared memory or self (see worker).
         try:
             lanes = _ucx.endpoint_transports(self._handle)
@@ -229,6 +233,11 @@ class Endpoint(Link):
             self._worker.fail_peer(self.peer, ClosedError("the endpoint was closed"),
                                    grace=0.0)
         _ucx.close_endpoint(self._ep)
+        self._worker.forget(self)
+        # Release the UCX endpoint, then what it kept alive (in this order: a listener
+        # goes, and its port closes, once no endpoint it accepted is left).
+        self._ep = None
+        self._keep = None
 
     async def close(self, timeout: float = 1.0) -> None:
         """Let sends in flight on this endpoint finish (at most ``timeout`` seconds),

@@ -53,9 +53,11 @@ def _new_namespace(worker: Worker) -> int:
             return ns
 
 
-async def _handshake(worker: Worker, ucx_ep: Any, timeout: float | None) -> Endpoint:
+async def _handshake(worker: Worker, ucx_ep: Any, timeout: float | None,
+                     keep: Any = None) -> Endpoint:
     label = ("connection", next(_conn_ids))
     ep = worker.adopt(ucx_ep, label)
+    ep._keep = keep
 
     def closed_by_peer() -> None:
         if not ep.closed:
@@ -93,6 +95,9 @@ class Listener:
 
     Use :func:`listen` to create one. ``port`` is the bound port; ``await close()``
     (or leaving ``async with``) stops accepting: established connections stay open.
+    The port is released once the listener is closed and no connection it accepted is
+    open any more (UCX keeps a listener while endpoints it accepted exist); until then
+    new connection attempts are turned away at once.
     """
 
     def __init__(self, worker: Worker, handler: Callable[[Endpoint], Awaitable[Any]],
@@ -103,6 +108,10 @@ class Listener:
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self._ucx = worker.listen(port, self._on_connection)
+        # UCX keeps the listener (and calls back into it) while an endpoint it accepted
+        # exists: each accepted endpoint keeps it alive; after close() this weak
+        # reference still reaches it to turn late connection requests away.
+        self._ucx_ref = weakref.ref(self._ucx)
         self._port, self._ip = int(self._ucx.port), str(self._ucx.ip)
         worker.wake()
 
@@ -117,16 +126,26 @@ class Listener:
 
     def _on_connection(self, conn_request: int) -> None:
         # Runs inside ucp_worker_progress: only schedule work here.
-        if self._closed:
-            return
         task = asyncio.get_running_loop().create_task(self._accept(conn_request))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _accept(self, conn_request: int) -> None:
+        listener = self._ucx_ref()
+        if listener is None:  # pragma: no cover - UCX released it meanwhile
+            return
+        if self._closed:
+            # Closed, but endpoints it accepted keep UCX's listener (and its port) alive:
+            # turn the request away at once, so the client fails instead of waiting.
+            try:
+                _ucx.close_endpoint(_ucx.endpoint_from_conn_request(listener,
+                                                                    conn_request))
+            except Exception:  # pragma: no cover - the client gave up meanwhile
+                log.debug("listener: turning a connection away failed", exc_info=True)
+            return
         try:
-            ucx_ep = _ucx.endpoint_from_conn_request(self._ucx, conn_request)
-            ep = await _handshake(self._worker, ucx_ep, self._timeout)
+            ucx_ep = _ucx.endpoint_from_conn_request(listener, conn_request)
+            ep = await _handshake(self._worker, ucx_ep, self._timeout, keep=listener)
         except Exception:
             log.exception("listener: accepting a connection failed")
             return

@@ -218,6 +218,13 @@ class Worker(Transport):
         self.endpoints.append(ep)
         return ep
 
+    def forget(self, ep: Endpoint) -> None:
+        """Drop a closed endpoint from :attr:`endpoints` (it releases its UCX endpoint)."""
+        try:
+            self.endpoints.remove(ep)
+        except ValueError:
+            pass
+
     def connect(self, address: bytes, peer: Any = None) -> Link:
         """An :class:`Endpoint` to the worker whose address is ``address``; the plan is
         enforced on the lanes UCX chose (:func:`~ucxcomm.transport.config.check_lanes`).
@@ -408,7 +415,7 @@ class Worker(Transport):
         self._progress.close()
         self._rma.close()
         eng._abort_ops(ClosedError("the worker was closed"))
-        for ep in self.endpoints:
+        for ep in list(self.endpoints):
             ep.abort()
 
     async def close(self) -> None:
