@@ -32,6 +32,11 @@ def test_rma_over_tcp(name):
     run_case(RMA_CASES, name, 3, env={"UCX_TLS": "tcp,self"})
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_lock_holder_dies(nranks):
+    run_case(RMA_CASES, "lock_holder_dies", nranks, timeout=60)
+
+
 def test_work_queue_example():
     """examples/work_queue.py: every task handed out exactly once via Fetch_and_op."""
     proc = launch(3, [sys.executable, "examples/work_queue.py"], timeout=90, cwd=ROOT)

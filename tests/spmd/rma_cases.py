@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 import time
 
 import numpy as np
@@ -155,6 +158,40 @@ def sent_by(rank, sizes):
     """The buffers :func:`allocated_memory` at ``rank`` put, in order."""
     rng = np.random.default_rng(rank)
     return [rng.integers(0, 256, size, dtype=np.uint8) for size in sizes]
+
+
+@case
+async def lock_holder_dies(comm):
+    """Regression (issue 15, defect 2): the last rank dies holding rank 0's exclusive
+    lock; waiters spun forever. Now Lock, Lock_all, Flush and Fence raise PeerFailure
+    once the death is declared (within the failure-detection delay), naming the rank."""
+    victim = comm.size - 1
+    win = await ucxcomm.Win.Allocate(comm, 64, disp_unit=8)
+    if comm.rank == victim:
+        await win.Lock(0)
+        await comm.barrier()  # the others start waiting only once it holds the lock
+        sys.stdout.write(f"CASE-OK lock_holder_dies rank {comm.rank}\n")
+        sys.stdout.flush()
+        os._exit(0)  # dies holding the lock, without closing
+    await comm.barrier()
+    t0 = time.monotonic()
+    try:
+        await asyncio.wait_for(win.Lock(0), 30)
+    except ucxcomm.PeerFailure as exc:
+        assert exc.peer == victim and f"rank {victim}" in str(exc), exc
+    else:
+        raise AssertionError("took a lock its dead holder never released")
+    assert time.monotonic() - t0 < 20
+    for call in (win.Lock_all, lambda: win.Flush(victim), win.Fence):
+        try:
+            await asyncio.wait_for(call(), 30)
+        except ucxcomm.PeerFailure:
+            pass
+        else:
+            raise AssertionError(f"{call} succeeded with a dead rank")
+    await win.Unlock_all()  # what Lock_all took before it failed
+    comm.abort()
+    return "aborted"
 
 
 @case

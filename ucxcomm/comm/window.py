@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._buffers import typed_flat
-from ..errors import ClosedError, WindowError
+from ..errors import ClosedError, PeerFailure, WindowError
 from .collectives import _ufunc
 from .ops import BAND, BOR, BXOR, NO_OP, REPLACE, SUM, Op
 
@@ -43,7 +43,12 @@ if TYPE_CHECKING:  # annotations only: importing ucxcomm must not load the trans
 __all__ = ["Win"]
 
 _CTRL_WORDS = 2  # [0]: passive-target lock, [1]: accumulate lock
-_EXCL = 1 << 40  # exclusive-lock bit in the lock word (shared holders: low bits)
+# The lock word: shared holders count in the low 40 bits; an exclusive holder sets
+# _EXCL and puts its rank above it (so waiters can tell who holds it, and fail with
+# PeerFailure when that rank dies instead of waiting forever).
+_EXCL = 1 << 40
+_HOLDER_SHIFT = 41
+_SHARED_MASK = _EXCL - 1
 _INT_AMO = {np.dtype(t) for t in (np.int32, np.uint32, np.int64, np.uint64)}
 _NATIVE = {SUM: "add", BAND: "and", BOR: "or", BXOR: "xor", REPLACE: "swap"}
 _ndarray = np.ndarray
@@ -214,7 +219,13 @@ class Win:
         Updates made inside are flushed before the lock is released."""
         ctl, mem = self._ctl[r], self._mem[r]
         attempt = 0
-        while await ctl.atomic("cswap", 1, 8, np.int64, compare=0) != 0:
+        mine = self.comm.rank + 1  # the holder, so that waiters see when it dies
+        while (old := await ctl.atomic("cswap", mine, 8, np.int64, compare=0)) != 0:
+            if self._dead(r):
+                raise PeerFailure(f"accumulate: rank {r} died", peer=r)
+            if 0 < old <= len(self._mem) and self._dead(old - 1):
+                raise PeerFailure(f"accumulate: rank {old - 1} died holding rank {r}'s "
+                                  "accumulate lock", peer=old - 1)
             await _backoff(attempt)
             attempt += 1
         try:
@@ -274,8 +285,17 @@ class Win:
 
     # ------------------------------------------------------------ synchronization
     async def Flush(self, rank: int) -> None:
-        """Complete, at ``rank``, every operation this rank issued to it."""
-        await self._mem[self._check(rank)].flush()
+        """Complete, at ``rank``, every operation this rank issued to it.
+
+        Raises
+        ------
+        PeerFailure
+            ``rank`` died (what was issued to it may not have landed).
+        """
+        r = self._check(rank)
+        if self._dead(r):
+            raise PeerFailure(f"Flush: rank {r} died", peer=r)
+        await self._mem[r].flush()
 
     async def Flush_all(self) -> None:
         for r in range(len(self._mem)):
@@ -295,7 +315,9 @@ class Win:
         ctl = self._ctl[r]
         attempt = 0
         if exclusive:
-            while await ctl.atomic("cswap", _EXCL, 0, np.int64, compare=0) != 0:
+            mine = _EXCL | self.comm.rank << _HOLDER_SHIFT
+            while (old := await ctl.atomic("cswap", mine, 0, np.int64, compare=0)) != 0:
+                self._check_holders(r, old, "Lock")
                 await _backoff(attempt)
                 attempt += 1
         else:
@@ -304,9 +326,31 @@ class Win:
                 if not old & _EXCL:
                     break
                 await ctl.atomic("add", -1, 0, np.int64, fetch=False)
+                self._check_holders(r, old, "Lock")
                 await _backoff(attempt)
                 attempt += 1
         self._held[r] = exclusive
+
+    def _dead(self, rank: int) -> bool:
+        group = self.comm.group
+        return group.transport.is_dead(group.members[rank])
+
+    def _check_holders(self, r: int, word: int, what: str) -> None:
+        """While waiting for rank ``r``'s lock (``word``: what the lock word held): raise
+        PeerFailure if the target died, or a holder did (the exclusive holder is named
+        in the word; shared holders are not, so any dead member counts)."""
+        if self._dead(r):
+            raise PeerFailure(f"{what}: rank {r}, the lock's target, died", peer=r)
+        if word & _EXCL:
+            holder = word >> _HOLDER_SHIFT
+            if 0 <= holder < len(self._mem) and self._dead(holder):
+                raise PeerFailure(f"{what}: rank {holder} died holding the lock on rank "
+                                  f"{r}", peer=holder)
+        if word & _SHARED_MASK or not word & _EXCL:
+            for q in range(len(self._mem)):
+                if self._dead(q):
+                    raise PeerFailure(f"{what}: rank {q} died while the lock on rank {r} "
+                                      "was held (it may have been a holder)", peer=q)
 
     async def Unlock(self, rank: int) -> None:
         """Complete this rank's operations at ``rank`` and release the lock."""
@@ -316,7 +360,8 @@ class Win:
         exclusive = self._held.pop(r)
         await self._mem[r].flush()
         ctl = self._ctl[r]
-        await ctl.atomic("add", -_EXCL if exclusive else -1, 0, np.int64, fetch=False)
+        mine = _EXCL | self.comm.rank << _HOLDER_SHIFT if exclusive else 1
+        await ctl.atomic("add", -mine, 0, np.int64, fetch=False)
         await ctl.flush()
 
     async def Lock_all(self) -> None:

@@ -222,6 +222,10 @@ class Transport(ABC):
         """Call after posting operations that are not awaited via :meth:`complete`."""
 
     @abstractmethod
+    def is_dead(self, peer: Any) -> bool:
+        """Whether ``peer`` was declared gone (its operations fail with PeerFailure)."""
+
+    @abstractmethod
     def cancel(self, fut: asyncio.Future) -> bool:
         """Withdraw the receive behind ``fut``; True when nothing was or will be
         received for it (else await :meth:`settle`)."""
