@@ -97,3 +97,102 @@ async def test_connect_times_out_when_no_store():
     s.close()
     with pytest.raises(CommTimeoutError, match="unreachable"):
         await StoreClient.connect("127.0.0.1", port, TOKEN, timeout=0.3)
+
+
+async def _closed_by_server(reader: asyncio.StreamReader, within: float) -> bool:
+    """True if the server closes the connection within ``within`` seconds."""
+    try:
+        while await asyncio.wait_for(reader.read(65536), within):
+            pass
+    except TimeoutError:
+        return False
+    return True
+
+
+async def test_oversized_first_frame_is_refused_before_buffering(server):
+    """Regression (issue 15, defect 5): before the token was checked the store accepted
+    16 MiB frames, buffering them for up to 10 s (200 such clients: 1.8 GB). The first
+    frame is capped at a few KiB: announcing more gets the connection dropped at once."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(struct.pack("!I", 16 << 20) + b"x" * 65536)
+    await writer.drain()
+    assert await _closed_by_server(reader, 3), "the store kept buffering an unauthenticated frame"
+    writer.close()
+
+
+@pytest.mark.parametrize("payload", [
+    b"[1, 2, 3]", b'"a string"', b"[" * 100000 + b"]" * 100000, b"{not json",
+    b'{"op": "auth", "token": ["list"]}', b'{"op": "auth", "token": 12}',
+])
+async def test_malformed_frames_are_dropped_quietly(server, caplog, payload):
+    """Regression (issue 15, defect 5): JSON lists, strings and deep nesting raised
+    AttributeError/RecursionError out of the connection handler (tracebacks on the
+    rank hosting the store). Each is now a one-line warning and a closed connection."""
+    caplog.set_level("WARNING")
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(struct.pack("!I", len(payload)) + payload)
+    await writer.drain()
+    assert await _closed_by_server(reader, 5)
+    writer.close()
+    good = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    await good.set("k", b"v")  # the store still serves
+    assert await good.get("k") == b"v"
+    await good.close()
+    assert not [r for r in caplog.records if r.levelno >= 40], caplog.text  # no ERROR
+
+
+async def test_malformed_requests_after_auth_are_dropped_quietly(server, caplog):
+    caplog.set_level("WARNING")
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(_frame({"op": "auth", "token": TOKEN}))
+    writer.write(_frame({"op": "set", "id": 1}))  # no key
+    await writer.drain()
+    assert await _closed_by_server(reader, 5)
+    writer.close()
+    assert not [r for r in caplog.records if r.levelno >= 40], caplog.text
+
+
+async def test_unauthenticated_connections_are_bounded(server):
+    from ucxcomm.launch.store import MAX_UNAUTHENTICATED
+
+    idle = [await asyncio.open_connection("127.0.0.1", server.port)
+            for _ in range(MAX_UNAUTHENTICATED)]
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    assert await _closed_by_server(reader, 5), "one connection too many was kept"
+    writer.close()
+    for _, w in idle:
+        w.close()
+    # Once they are gone a client with the token gets in.
+    good = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    await good.close()
+
+
+async def test_a_joined_rank_cannot_be_claimed_again(server):
+    """Regression (issue 15, defect 6): a client holding the (guessable) token joined as
+    rank 1 and disconnected: every healthy rank got PeerFailure for rank 1. A second
+    join as a rank that already joined is refused, and its disconnect kills no one."""
+    watcher = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    dead = []
+    watcher.on_dead = dead.append
+    rank1 = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    await rank1.join(1)
+    stranger = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    with pytest.raises(BootstrapError, match="already joined"):
+        await stranger.join(1)
+    stranger._writer.transport.abort()
+    await watcher.set("after", b"x")  # a round trip after the stranger's drop
+    assert await watcher.get("after") == b"x"
+    assert dead == [] and server.dead == [] and server.joined == [1]
+    await rank1.leave()
+    await rank1.close()
+    await watcher.close()
+
+
+def test_guessable_token_warning():
+    from ucxcomm.launch.bootstrap import WorldSpec, guessable_token_warning
+
+    derived = WorldSpec(0, 2, "node1", 29501, "torchrun-29500", True, "torchrun", True)
+    assert "UCXCOMM_TOKEN" in guessable_token_warning(derived, "0.0.0.0")
+    assert guessable_token_warning(derived, "127.0.0.1") is None
+    secret = WorldSpec(0, 2, "node1", 29501, "x" * 32, True, "torchrun", False)
+    assert guessable_token_warning(secret, "0.0.0.0") is None

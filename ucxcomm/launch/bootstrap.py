@@ -53,6 +53,7 @@ class WorldSpec:
     token: str
     host_store: bool  # this process serves the store (rank 0 under most launchers)
     source: str  # which convention matched ("explicit", "ucxcomm", "torchrun", ...)
+    guessable: bool = False  # the token is derived from launcher variables, not secret
 
 
 def _setting(env: Mapping[str, str], name: str) -> Any:
@@ -145,7 +146,7 @@ def detect(env: Mapping[str, str] | None = None, *, rank: int | None = None,
             raise BootstrapError("init(rank=, size=) with size > 1 needs store='host:port'")
         host, port = _hostport(store, "store") if store else (None, None)
         return _check(WorldSpec(rank, size, host, port, token or "ucxcomm-explicit",
-                                rank == 0 and size > 1, "explicit"))
+                                rank == 0 and size > 1, "explicit", not token))
     if "UCXCOMM_RANK" in env or ("UCXCOMM_STORE" in env and "UCXCOMM_SIZE" in env):
         _require(env, ("UCXCOMM_RANK", "UCXCOMM_SIZE", "UCXCOMM_STORE", "UCXCOMM_TOKEN"),
                  "ucxcomm run")
@@ -158,7 +159,7 @@ def detect(env: Mapping[str, str] | None = None, *, rank: int | None = None,
         rank_ = _int_var(env, "RANK")
         tok = token or "torchrun-" + env.get("TORCHELASTIC_RUN_ID", env["MASTER_PORT"])
         return _check(WorldSpec(rank_, _int_var(env, "WORLD_SIZE"), env["MASTER_ADDR"], port,
-                                tok, rank_ == 0, "torchrun"))
+                                tok, rank_ == 0, "torchrun", not token))
     if "SLURM_PROCID" in env:
         _require(env, ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODELIST"), "Slurm")
         hosts = parse_nodelist(env["SLURM_NODELIST"])
@@ -173,7 +174,8 @@ def detect(env: Mapping[str, str] | None = None, *, rank: int | None = None,
                 step.isdigit() else _derived_port(f"slurm-{job}.{step}")
         rank_ = _int_var(env, "SLURM_PROCID")
         return _check(WorldSpec(rank_, _int_var(env, "SLURM_NTASKS"), hosts[0], port,
-                                token or f"slurm-{job}.{step}", rank_ == 0, "slurm"))
+                                token or f"slurm-{job}.{step}", rank_ == 0, "slurm",
+                                not token))
     for convention, rvar, svar, lvar in (
         ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
          "OMPI_COMM_WORLD_LOCAL_SIZE"),
@@ -185,7 +187,7 @@ def detect(env: Mapping[str, str] | None = None, *, rank: int | None = None,
             host, port = _mpi_store(env, convention, lvar, size_)
             return _check(WorldSpec(rank_, size_, host, port,
                                     token or f"{convention}-{host}:{port}", rank_ == 0,
-                                    convention.lower()))
+                                    convention.lower(), not token))
     return WorldSpec(0, 1, None, None, token, False, "singleton")
 
 
@@ -195,6 +197,17 @@ def _check(spec: WorldSpec) -> WorldSpec:
     if not 0 <= spec.rank < spec.size:
         raise BootstrapError(f"rank {spec.rank} is out of range for world size {spec.size}")
     return spec
+
+
+def guessable_token_warning(spec: WorldSpec, bind: str) -> str | None:
+    """The warning for a store that listens beyond loopback with a token anyone on the
+    network can derive (from ``MASTER_PORT``, the Slurm job id, ...), else None."""
+    if not spec.guessable or bind.startswith("127.") or bind == "::1":
+        return None
+    return (f"the bootstrap store listens on {bind}:{spec.port} and its token is derived "
+            f"from the {spec.source} variables, so others who can reach it could guess it "
+            "and join; set UCXCOMM_TOKEN to a secret shared by the job's ranks "
+            "(docs/security.md)")
 
 
 def _bind_host(host: str) -> str:
@@ -233,7 +246,11 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
     if spec.size > 1:
         assert spec.host is not None and spec.port is not None
         if spec.host_store:
-            server = await StoreServer(spec.token, _bind_host(spec.host), spec.port).start()
+            bind = _bind_host(spec.host)
+            warning = guessable_token_warning(spec, bind)
+            if warning:
+                log.warning(warning)
+            server = await StoreServer(spec.token, bind, spec.port).start()
         try:
             client = await StoreClient.connect(spec.host, spec.port, spec.token, timeout)
         except BaseException:

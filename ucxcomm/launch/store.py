@@ -33,14 +33,31 @@ log = logging.getLogger(__name__)
 
 _HDR = struct.Struct("!I")
 MAX_FRAME = 16 << 20
+#: Largest first (authentication) frame: nothing is buffered for a client before it
+#: proved it holds the token.
+MAX_AUTH_FRAME = 4096
+#: Connections allowed to be in their authentication phase at once (more are dropped),
+#: and how long one may take.
+MAX_UNAUTHENTICATED = 64
+AUTH_TIMEOUT_S = 10.0
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> dict:
+class _BadFrame(ValueError):
+    """A frame that is not a JSON object within the limits."""
+
+
+async def _read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME) -> dict:
     hdr = await reader.readexactly(_HDR.size)
     (n,) = _HDR.unpack(hdr)
-    if n > MAX_FRAME:
-        raise ValueError(f"store frame of {n} bytes is too large")
-    return json.loads(await reader.readexactly(n))
+    if n > limit:
+        raise _BadFrame(f"store frame of {n} bytes is too large (limit {limit})")
+    try:
+        msg = json.loads(await reader.readexactly(n))
+    except (ValueError, RecursionError) as exc:  # (deep nesting: RecursionError)
+        raise _BadFrame(f"malformed store frame: {exc}") from None
+    if not isinstance(msg, dict):
+        raise _BadFrame(f"a store frame must be a JSON object, got {type(msg).__name__}")
+    return msg
 
 
 def _encode(msg: dict) -> bytes:
@@ -78,6 +95,7 @@ class StoreServer:
         self.dead: list[int] = []
         self.left: list[int] = []
         self._gone_waiters: list[asyncio.Future] = []
+        self._unauthenticated = 0
 
     @property
     def port(self) -> int:
@@ -127,11 +145,20 @@ class StoreServer:
         self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
         try:
-            msg = await asyncio.wait_for(_read_frame(reader), 10)
-            token = str(msg.get("token", "")).encode() if msg.get("op") == "auth" else b""
+            if self._unauthenticated >= MAX_UNAUTHENTICATED:
+                log.warning("store: too many unauthenticated connections; dropped %s", peer)
+                return
+            self._unauthenticated += 1
+            try:
+                msg = await asyncio.wait_for(_read_frame(reader, MAX_AUTH_FRAME),
+                                             AUTH_TIMEOUT_S)
+            finally:
+                self._unauthenticated -= 1
+            token = msg.get("token") if msg.get("op") == "auth" else None
+            token = token.encode() if isinstance(token, str) else b""
             if not hmac.compare_digest(token, self._token):
-                peer = writer.get_extra_info("peername")
                 log.warning("store: refused a client without the job token from %s", peer)
                 writer.write(_encode({"ok": False, "error": "bad or missing job token"}))
                 await writer.drain()
@@ -141,9 +168,13 @@ class StoreServer:
             while True:
                 msg = await _read_frame(reader)
                 await self._handle(msg, writer)
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError,
-                ValueError):
+        except _BadFrame as exc:
+            log.warning("store: dropped %s: %s", peer, exc)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
             pass
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.warning("store: dropped %s after a malformed request (%s: %s)", peer,
+                        type(exc).__name__, exc)
         finally:
             self._clients.discard(writer)
             rank = self._ranks.pop(writer, None)
@@ -178,12 +209,22 @@ class StoreServer:
                     fut.set_result(None)
             writer.write(_encode({"id": rid, "ok": True, "value": value}))
         elif op == "join":
-            self._ranks[writer] = int(msg["rank"])
-            writer.write(_encode({"id": rid, "ok": True, "dead": self.dead}))
+            rank = int(msg["rank"])
+            holder = next((w for w, r in self._ranks.items() if r == rank), None)
+            if holder is not None and holder is not writer:
+                # A rank's liveness connection cannot be taken over (a stranger who
+                # joined as an existing rank and dropped would declare it dead).
+                log.warning("store: refused a second join as rank %d from %s", rank,
+                            writer.get_extra_info("peername"))
+                writer.write(_encode({"id": rid, "ok": False,
+                                      "error": f"rank {rank} has already joined"}))
+            else:
+                self._ranks[writer] = rank
+                writer.write(_encode({"id": rid, "ok": True, "dead": self.dead}))
         elif op == "leave":
-            rank = self._ranks.pop(writer, None)
-            if rank is not None:
-                self.left.append(rank)
+            gone = self._ranks.pop(writer, None)
+            if gone is not None:
+                self.left.append(gone)
                 self._notify_gone()
             writer.write(_encode({"id": rid, "ok": True}))
         else:
