@@ -19,8 +19,21 @@ def test_info_json():
     assert report["ucx_version"].startswith("1.")
     assert "libucp.so" in report["libucp"]
     assert report["self_endpoint_lanes"]
+    # Answers are booleans, explanations apart (issue 15: the JSON mixed prose and yes/no).
+    for key in ("verbs", "rdmacm", "rdma", "tag_offload", "cuda_support"):
+        assert isinstance(report[key], bool), (key, report[key])
     if not os.path.isdir("/sys/class/infiniband"):
-        assert report["rdma_devices"] == [] and report["rdma"].startswith("no")
+        assert report["rdma_devices"] == [] and report["rdma"] is False
+        assert report["rdma_why"].startswith("no RDMA device under /sys/class/infiniband")
+    if not report["verbs"]:
+        assert "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY" in report["verbs_why"]
+
+
+def test_help_is_for_users():
+    proc = subprocess.run([sys.executable, "-m", "ucxcomm.cli", "--help"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0 and "run" in proc.stdout and "info" in proc.stdout
+    assert "parses argv" not in proc.stdout  # (an internal note used to be the help)
 
 
 def test_info_table():

@@ -11,6 +11,29 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 
+#: The report's yes/no answers that carry an explanation in their text.
+_ANSWERS = ("verbs", "rdmacm", "rdma", "tag_offload")
+
+
+def _typed(report: dict) -> dict:
+    """The report for machines: yes/no answers as booleans, explanations apart
+    (``verbs: false`` and ``verbs_why: "..."``)."""
+    out: dict = {}
+    for key, value in report.items():
+        if key in _ANSWERS and isinstance(value, str):
+            yes = value in ("yes", "on")
+            why = value.split(":", 1)[1] if ":" in value else value.partition("(")[2]
+            out[key] = yes
+            if key == "tag_offload":
+                continue  # tag_offload_why follows in the report
+            why = why.strip().removesuffix(")").strip() if not yes else ""
+            if why:
+                out[f"{key}_why"] = why
+        else:
+            out[key] = value
+    return out
+
+
 def _info(as_json: bool, transport: str | None, tag_offload: str | None) -> int:
     from .errors import UnsupportedError
     from .transport import config as tconfig
@@ -23,7 +46,7 @@ def _info(as_json: bool, transport: str | None, tag_offload: str | None) -> int:
         print(f"ucxcomm info: {exc}", file=sys.stderr)
         return 1
     if as_json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(_typed(report), indent=2))
         return 0
     width = max(len(k) for k in report)
     for key, value in report.items():
@@ -34,7 +57,9 @@ def _info(as_json: bool, transport: str | None, tag_offload: str | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ucxcomm", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="ucxcomm", description="Run ucxcomm programs on this machine and report what "
+        "its UCX can do (transports, RDMA, tag matching, CUDA).")
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="start N ranks of a program on this machine")
     run.add_argument("-n", "--np", type=int, required=True, dest="n", help="number of ranks")
