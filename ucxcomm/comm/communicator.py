@@ -160,7 +160,8 @@ class Comm:
         return ep.isend(buf, self._p2p_base | tag)
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
-        """Start sending ``buf`` to ``dest``; returns a :class:`Request`.
+        """Start sending ``buf`` to ``dest``; returns a :class:`Request` (awaiting it
+        gives None once ``buf`` may be reused).
 
         Raises
         ------
