@@ -61,6 +61,19 @@ def test_ok_job_and_tagged_output():
         assert f"[{r}] OK {r}" in proc.stdout
 
 
+def test_untagged_output_is_forwarded_in_whole_lines():
+    """Regression (issue 15, defect 9): without --tag-output the ranks wrote straight to
+    the launcher's stdout, so lines written in pieces mixed mid-line."""
+    proc = subprocess.run([sys.executable, "-m", "ucxcomm.cli", "run", "-n", "2", "--timeout",
+                           "60", sys.executable, PROG, "lines"], capture_output=True,
+                          text=True, timeout=90, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if not ln.startswith("PID ")]
+    assert len(lines) == 600, len(lines)
+    mixed = [ln[:40] for ln in lines if ln not in ("A" * 4000, "B" * 4000)]
+    assert not mixed, f"{len(mixed)} lines mixed, e.g. {mixed[:3]}"
+
+
 def test_timeout_dumps_stacks_and_kills():
     proc = launch(2, [sys.executable, PROG, "hang"], timeout=8)
     assert proc.returncode == 124, proc.stderr[-3000:]

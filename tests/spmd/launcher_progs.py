@@ -39,6 +39,13 @@ async def main(mode: str) -> None:
     elif mode == "hang":  # everyone blocks: only --timeout or a signal ends the job
         print(f"READY {comm.rank}", flush=True)
         await block_forever(comm)
+    elif mode == "lines":  # lines written in pieces, both ranks at once
+        ch = "AB"[comm.rank % 2]
+        for _ in range(300):
+            for piece in range(4):
+                sys.stdout.write(ch * 1000 + ("\n" if piece == 3 else ""))
+                sys.stdout.flush()
+        await comm.close()
     elif mode == "ok":
         print(f"OK {comm.rank}", flush=True)
         await comm.close()

@@ -69,13 +69,23 @@ class _Job:
             await asyncio.wait(pending)
 
     async def _pump(self, stream: asyncio.StreamReader, rank: int, out: object) -> None:
-        prefix = f"[{rank}] ".encode()
+        """Forward a rank's output line by line (whole lines: ranks never mix mid-line),
+        prefixed ``[rank] `` with ``--tag-output``."""
+        prefix = f"[{rank}] ".encode() if self.tag_output else b""
         buf = out.buffer  # type: ignore[attr-defined]
         while True:
-            line = await stream.readline()
-            if not line:
-                return
-            buf.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+            try:
+                line = await stream.readuntil(b"\n")
+            except asyncio.IncompleteReadError as exc:  # the end: a last unterminated line
+                if not exc.partial:
+                    return
+                line = exc.partial + b"\n"
+            except asyncio.LimitOverrunError as exc:  # a line longer than the buffer: a
+                line = await stream.readexactly(exc.consumed)  # piece of it, as it comes
+                buf.write(line)
+                buf.flush()
+                continue
+            buf.write(prefix + line)
             buf.flush()
 
     async def _watch(self, rank: int, proc: asyncio.subprocess.Process) -> None:
@@ -95,25 +105,27 @@ class _Job:
             base.setdefault("PYTHONFAULTHANDLER", "1")
             base.update(UCXCOMM_SIZE=str(self.nprocs), UCXCOMM_STORE=f"127.0.0.1:{server.port}",
                         UCXCOMM_TOKEN=token, UCXCOMM_LOCAL_SIZE=str(self.nprocs))
-            pipe = asyncio.subprocess.PIPE if self.tag_output else None
+            # Output always goes through the launcher, a whole line at a time; ranks
+            # write unbuffered so that it comes as it is printed.
+            pipe = asyncio.subprocess.PIPE
+            base.setdefault("PYTHONUNBUFFERED", "1")
             for rank in range(self.nprocs):
                 env = dict(base, UCXCOMM_RANK=str(rank), UCXCOMM_LOCAL_RANK=str(rank))
                 try:
                     proc = await asyncio.create_subprocess_exec(
                         *self.cmd, env=env, stdout=pipe, stderr=pipe, stdin=None,
-                        start_new_session=True)
+                        start_new_session=True, limit=1 << 20)
                 except OSError as exc:
                     self._say(f"cannot start {self.cmd[0]!r}: {exc}")
                     self.code = 127
                     await self.stop()
                     return 127
                 self.procs.append(proc)
-                if self.tag_output:
-                    assert proc.stdout is not None and proc.stderr is not None
-                    self.pumps.append(asyncio.ensure_future(
-                        self._pump(proc.stdout, rank, sys.stdout)))
-                    self.pumps.append(asyncio.ensure_future(
-                        self._pump(proc.stderr, rank, sys.stderr)))
+                assert proc.stdout is not None and proc.stderr is not None
+                self.pumps.append(asyncio.ensure_future(
+                    self._pump(proc.stdout, rank, sys.stdout)))
+                self.pumps.append(asyncio.ensure_future(
+                    self._pump(proc.stderr, rank, sys.stderr)))
 
             def on_signal(sig: int) -> None:
                 if self.code is None:
