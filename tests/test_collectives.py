@@ -30,6 +30,10 @@ def test_member_death_fails_every_rank():
     assert "died or left" in proc.stderr
 
 
+def test_mismatched_sizes_named():
+    run_case(COLL_CASES, "mismatched_sizes_named", 2)
+
+
 def test_cancelled_collective():
     run_case(COLL_CASES, "cancelled_collective", 2)
 

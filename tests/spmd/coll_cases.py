@@ -439,6 +439,27 @@ async def object_buffers_refused(comm):
 
 
 @case
+async def mismatched_sizes_named(comm):
+    """Regression (issue 15, defect 9): a rank passing a different size to a collective
+    gave the others a TruncationError that did not say which collective. 2 ranks: rank 0
+    passes one element more; rank 1's receive overflows and its error names the call, on
+    the small path and on the general one. (Rank 0's receive is shorter than its buffer:
+    MPI leaves that undefined; here it completes.)"""
+    assert comm.size == 2
+    r = comm.rank
+    calls = [("Bcast", lambda n: comm.Bcast(np.zeros(n), root=0)),
+             ("Allreduce", lambda n: comm.Allreduce(np.ones(n), np.zeros(n)))]
+    for name, call in calls:
+        for n in (4, 5000):  # small path, general path
+            try:
+                await call(n + 1 if r == 0 else n)
+            except ucxcomm.TruncationError as exc:
+                assert r == 1 and str(exc).startswith(name + ":"), (r, exc)
+            else:
+                assert r == 0, f"{name} with mismatched sizes raised nothing on rank {r}"
+
+
+@case
 async def cancelled_collective(comm):
     """A rank whose collective times out withdraws its receives: its buffer is never
     written afterwards, even though the peer later completes its side (2 ranks)."""

@@ -104,10 +104,11 @@ class Chan:
     """
 
     __slots__ = ("_group", "_pool", "_rtag", "_stag", "rank", "recvs", "scratches", "sends",
-                 "size", "sync", "worker")
+                 "size", "sync", "what", "worker")
 
-    def __init__(self, group: Group, seq: int) -> None:
+    def __init__(self, group: Group, seq: int, what: str = "collective") -> None:
         self._group = group
+        self.what = what  # the collective's name, for errors
         self.worker = group.transport
         self.rank, self.size = group.rank, group.size
         self._stag = make_tag(group.cid, KIND_COLL, group.rank, seq)
@@ -138,8 +139,11 @@ class Chan:
     def recv(self, peer: int, target: Target) -> asyncio.Future | None:
         # Any member's death fails the receive (not only the sender's): a collective
         # cannot complete without every member, so no rank is left waiting.
-        fut = self.worker.tag_recv(target, with_source(self._rtag, peer), FULL_MASK,
-                                   self._group.peers_all)
+        try:
+            fut = self.worker.tag_recv(target, with_source(self._rtag, peer), FULL_MASK,
+                                       self._group.peers_all)
+        except TruncationError as exc:  # (the message was there, and too long)
+            raise self._named(exc) from None
         if fut is not None:
             self.recvs.append(fut)
         return fut
@@ -150,19 +154,33 @@ class Chan:
         owes first. For an exchange, where the peer's message comes within microseconds:
         no operation is created and no event-loop turn is taken (8 B Allreduce at 2
         ranks about 8 us instead of 11 in one A/B run; noisy)."""
-        res = self.worker.recv_into(target, with_source(self._rtag, peer), FULL_MASK,
-                                    self._group.peers_all, _whole, True)
-        if isinstance(res, tuple):
-            _whole(res)
-            return None
+        try:
+            res = self.worker.recv_into(target, with_source(self._rtag, peer), FULL_MASK,
+                                        self._group.peers_all, _whole, True)
+            if isinstance(res, tuple):
+                _whole(res)
+                return None
+        except TruncationError as exc:
+            raise self._named(exc) from None
         self.recvs.append(res)
         return res
 
     async def wait(self, fut: asyncio.Future | None) -> None:
-        if fut is not None and not fut.done():
-            await self.worker.complete(fut)
-        elif fut is not None:
-            fut.result()
+        try:
+            if fut is not None and not fut.done():
+                await self.worker.complete(fut)
+            elif fut is not None:
+                fut.result()
+        except TruncationError as exc:
+            raise self._named(exc) from None
+
+    def _named(self, exc: TruncationError) -> TruncationError:
+        """A message of this collective did not fit: say which collective, and the
+        likely cause."""
+        return TruncationError(
+            f"{self.what}: a message from another rank did not fit the receive buffer "
+            f"(did every rank pass the same sizes, counts and dtype?): {exc}",
+            nbytes=exc.nbytes, capacity=exc.capacity)
 
     async def waitall(self, futs: Iterable[asyncio.Future | None]) -> None:
         pending = [f for f in futs if f is not None]
@@ -195,9 +213,8 @@ def _whole(result: tuple[int, int, int]) -> None:
     """A collective's message must fit its receive buffer (as UCX's posted receives
     enforce)."""
     if result[1] > result[2]:
-        raise TruncationError(f"collective message of {result[1]} bytes truncated to "
-                              f"{result[2]} bytes (ranks called the collective with "
-                              "different sizes?)", nbytes=result[1], capacity=result[2])
+        raise TruncationError(f"{result[1]} bytes arrived for {result[2]}",
+                              nbytes=result[1], capacity=result[2])
 
 
 def _retrieve(fut: asyncio.Future) -> None:

@@ -153,10 +153,11 @@ class Collectives:
         self._rd_scratch: tuple[Any, Any, Any, Any] | None = None
         self._small = SmallCollectives(group)
 
-    def _small_chan(self) -> Chan:
-        """A channel for a small-message path (arguments already checked)."""
+    def _small_chan(self, what: str) -> Chan:
+        """A channel for a small-message path of collective ``what`` (arguments already
+        checked)."""
         self._check_open()
-        return Chan(self._group, self._next_seq())
+        return Chan(self._group, self._next_seq(), what)
 
     # ------------------------------------------------------------- helpers
     def _buf(self, obj: Any, writable: bool, what: str) -> Buf:
@@ -185,11 +186,11 @@ class Collectives:
             raise ValueError(f"{what}: the receive buffer has {b.n} elements, "
                              f"{n} expected")
 
-    def _chan(self, *bufs: Buf | None) -> Chan:
+    def _chan(self, what: str, *bufs: Buf | None) -> Chan:
         """A fresh collective channel (takes the next sequence number: call only once
         every argument is checked)."""
         self._check_open()
-        ch = Chan(self._group, self._next_seq())
+        ch = Chan(self._group, self._next_seq(), what)
         if any(b is not None and b.device for b in bufs):
             import cupy
 
@@ -223,9 +224,9 @@ class Collectives:
         root = self._group.check_peer(root, "root")
         if (small_ok(buf) and self._small.usable(buf.nbytes)
                 and (self.rank == root or buf.flags.writeable)):
-            return self._small.bcast(self._small_chan(), buf, root)
+            return self._small.bcast(self._small_chan("Bcast"), buf, root)
         b = self._buf(buf, self.rank != root, "Bcast buffer")
-        ch = self._chan(b)
+        ch = self._chan("Bcast", b)
         return self._run(ch, alg.bcast(ch, b, root))
 
     def Ibcast(self, buf: Any, root: int = 0) -> Request:
@@ -250,7 +251,7 @@ class Collectives:
                 raise ValueError("Reduce: IN_PLACE is allowed at the root only")
             send = self._buf(sendbuf, False, "Reduce send buffer")
         ufunc = _ufunc(op, send.arr)
-        ch = self._chan(send)
+        ch = self._chan("Reduce", send)
         return self._run(ch, alg.reduce(ch, send, recv, root, ufunc))
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> Request:
@@ -275,9 +276,9 @@ class Collectives:
                     ufunc = _fast_ufuncs[key] = _ufunc(op, recvbuf)
                 if self._small.usable(recvbuf.nbytes):
                     src = recvbuf if sendbuf is IN_PLACE else cast(np.ndarray, sendbuf)
-                    return self._small.allreduce(self._small_chan(), src, recvbuf, ufunc)
+                    return self._small.allreduce(self._small_chan("Allreduce"), src, recvbuf, ufunc)
                 self._check_open()
-                ch = Chan(self._group, self._next_seq())
+                ch = Chan(self._group, self._next_seq(), "Allreduce")
                 return self._allreduce_small(ch, recvbuf if sendbuf is IN_PLACE else sendbuf,
                                              recvbuf, ufunc)
         recv = self._buf(recvbuf, True, "Allreduce receive buffer")
@@ -285,7 +286,7 @@ class Collectives:
                                                           "Allreduce send buffer")
         self._same(send, recv, "Allreduce", send.n)
         ufunc = _ufunc(op, send.arr)
-        ch = self._chan(send)
+        ch = self._chan("Allreduce", send)
         return self._run(ch, alg.allreduce(ch, send, recv, ufunc))
 
     async def _allreduce_small(self, ch: Chan, send: Any, recv: Any, ufunc: Any) -> None:
@@ -342,7 +343,7 @@ class Collectives:
                 if send.n != counts[r]:
                     raise ValueError(f"{name}: the send buffer has {send.n} elements, the "
                                      f"root's block {counts[r]}")
-        ch = self._chan(send, recv)
+        ch = self._chan(name, send, recv)
         return self._run(ch, alg.gatherv(ch, send, recv, counts, displs, root))
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
@@ -386,7 +387,7 @@ class Collectives:
                 if recv.n < counts[r] or (not v and recv.n != counts[r]):
                     raise ValueError(f"{name}: the receive buffer has {recv.n} elements, "
                                      f"the root's block {counts[r]}")
-        ch = self._chan(send, recv)
+        ch = self._chan(name, send, recv)
         return self._run(ch, alg.scatterv(ch, send, counts, displs, recv, root))
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
@@ -410,7 +411,7 @@ class Collectives:
         if (not v and small_ok(sendbuf, recvspec) and self._small.usable(sendbuf.nbytes)
                 and recvspec.flags.writeable and sendbuf.dtype == recvspec.dtype
                 and recvspec.size == sendbuf.size * p):
-            return self._small.allgather(self._small_chan(), sendbuf, recvspec)
+            return self._small.allgather(self._small_chan(name), sendbuf, recvspec)
         if v:
             recv, counts, displs = self._spec(recvspec, True, f"{name} receive")
         else:
@@ -423,7 +424,7 @@ class Collectives:
             if send.n != counts[r]:
                 raise ValueError(f"{name}: the send buffer has {send.n} elements, "
                                  f"{counts[r]} expected (this rank's block)")
-        ch = self._chan(send, recv)
+        ch = self._chan(name, send, recv)
 
         if p == 1:
             async def run() -> None:
@@ -454,7 +455,7 @@ class Collectives:
         if (not v and small_ok(sendspec, recvspec) and recvspec.flags.writeable
                 and sendspec.dtype == recvspec.dtype and sendspec.size == recvspec.size
                 and sendspec.size % p == 0 and self._small.usable(sendspec.nbytes // p)):
-            return self._small.alltoall(self._small_chan(), sendspec, recvspec)
+            return self._small.alltoall(self._small_chan(name), sendspec, recvspec)
         if v:
             recv, rcounts, rdispls = self._spec(recvspec, True, f"{name} receive")
         else:
@@ -476,7 +477,7 @@ class Collectives:
         if scounts[r] != rcounts[r]:
             raise ValueError(f"{name}: this rank sends itself {scounts[r]} elements but "
                              f"expects {rcounts[r]}")
-        ch = self._chan(send, recv)
+        ch = self._chan(name, send, recv)
 
         async def run() -> None:
             src = send
@@ -513,7 +514,7 @@ class Collectives:
             ufunc = _fast_ufuncs.get((op, sendbuf.dtype))
             if ufunc is None:  # (raises before the sequence number is taken)
                 ufunc = _fast_ufuncs[(op, sendbuf.dtype)] = _ufunc(op, sendbuf)
-            return self._small.reduce_scatter_block(self._small_chan(), sendbuf, recvbuf,
+            return self._small.reduce_scatter_block(self._small_chan(name), sendbuf, recvbuf,
                                                     ufunc)
         recv = self._buf(recvbuf, True, f"{name} receive buffer")
         in_place = sendbuf is IN_PLACE
@@ -531,7 +532,7 @@ class Collectives:
             raise ValueError(f"{name}: the receive buffer has {recv.n} elements, "
                              f"{counts[r]} needed")
         ufunc = _ufunc(op, send.arr)
-        ch = self._chan(send)
+        ch = self._chan(name, send)
 
         async def run() -> None:
             src = send
@@ -576,7 +577,7 @@ class Collectives:
                                                           f"{name} send buffer")
         self._same(send, recv, name, send.n)
         ufunc = _ufunc(op, send.arr)
-        ch = self._chan(send)
+        ch = self._chan(name, send)
         return self._run(ch, alg.scan(ch, send, recv, ufunc, exclusive))
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
