@@ -146,6 +146,7 @@ class StoreServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
+        stopping = False
         try:
             if self._unauthenticated >= MAX_UNAUTHENTICATED:
                 log.warning("store: too many unauthenticated connections; dropped %s", peer)
@@ -175,10 +176,15 @@ class StoreServer:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             log.warning("store: dropped %s after a malformed request (%s: %s)", peer,
                         type(exc).__name__, exc)
+        except asyncio.CancelledError:
+            # The store's own process is shutting down (asyncio.run cancels what is
+            # left): nobody died. Not re-raised: Python 3.11's stream server logs a
+            # traceback for every cancelled connection handler.
+            stopping = True
         finally:
             self._clients.discard(writer)
             rank = self._ranks.pop(writer, None)
-            if rank is not None:
+            if rank is not None and not stopping:
                 self.dead.append(rank)
                 log.info("store: rank %d disconnected without leaving", rank)
                 event = _encode({"event": "dead", "rank": rank})
