@@ -37,6 +37,12 @@ def test_lock_holder_dies(nranks):
     run_case(RMA_CASES, "lock_holder_dies", nranks, timeout=60)
 
 
+def test_close_without_free_is_quiet():
+    proc = run_case(RMA_CASES, "close_without_free", 2)
+    out = proc.stdout + proc.stderr  # (UCX logs to stdout)
+    assert "UCX" not in out, out[-3000:]
+
+
 def test_work_queue_example():
     """examples/work_queue.py: every task handed out exactly once via Fetch_and_op."""
     proc = launch(3, [sys.executable, "examples/work_queue.py"], timeout=90, cwd=ROOT)

@@ -195,6 +195,23 @@ async def lock_holder_dies(comm):
 
 
 @case
+async def close_without_free(comm):
+    """Closing with windows never freed (and sends in flight) releases everything
+    quietly: before, UCX printed a warning per remote key and per registration left
+    behind ("not returned to mpool ucp_rkeys", "destroying inuse region")."""
+    peer = (comm.rank + 1) % comm.size
+    win = await ucxcomm.Win.Allocate(comm, 4096)
+    win2 = await ucxcomm.Win.Create(comm, np.zeros(64))
+    await win.Put(np.ones(8, np.uint8), peer)
+    await win2.Fetch_and_op(1, peer, 0, dtype=np.int64)
+    for _ in range(4):
+        comm.Isend(np.ones(1 << 16, np.uint8), peer, 5)
+    await comm.barrier()
+    await comm.close()
+    return "closed"
+
+
+@case
 async def accumulate(comm):
     """Concurrent accumulates from every rank sum exactly: float64 (locked get-op-put)
     and int64 (remote atomics); MAX and Get_accumulate."""

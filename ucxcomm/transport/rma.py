@@ -124,6 +124,7 @@ class RmaEngine:
         self._fd = ucp.rma_notify_fd(handle)
         self._eps: dict[bytes, int] = {}
         self._regions: list[MemoryRegion] = []
+        self._rkeys: set[int] = set()  # unpacked remote keys not yet destroyed
         self.amo = {op: _ucx.const[name] for op, name in _OPS.items()}
         self._request_type = ucp.RmaRequest
         self._ops: list[_RmaOp] = []
@@ -211,6 +212,9 @@ class RmaEngine:
         self._ops = []
         for region in list(self._regions):
             region.close()
+        for rkey in self._rkeys:  # keys of remote memory nobody closed
+            self._ucp.rma_rkey_destroy(rkey)
+        self._rkeys.clear()
         for ep in self._eps.values():
             self._ucp.rma_ep_close(self.handle, ep)
         self._eps.clear()
@@ -353,11 +357,13 @@ class MemoryRegion(Region):
             return
         self.closed = True
         self.memory = None
-        for eng, memh in reversed(self._maps):  # the allocating engine's map last
-            listed = self in eng._regions
-            if listed:
+        listed = set()  # engines that still list this region (even a closing one does)
+        for eng, _ in self._maps:
+            if self in eng._regions:
                 eng._regions.remove(self)
-            if not eng.closed or listed:  # a closing engine closes its regions first
+                listed.add(eng)
+        for eng, memh in reversed(self._maps):  # the allocating engine's map last
+            if not eng.closed or eng in listed:  # a closing engine closes its regions first
                 _ucx.ucp.rma_mem_unmap(eng.handle, memh)
         self._maps = []
 
@@ -405,6 +411,7 @@ class RemoteMemory(Remote):
                 if st != 0:
                     raise _ucx.status_error(st, what="rkey unpack")
                 self._targets.append((eng, ep, key))
+                eng._rkeys.add(key)
                 if not allocated:
                     registered[v1] = (eng, ep, key)
                 elif not v1:
@@ -583,5 +590,12 @@ class RemoteMemory(Remote):
         if not self.closed:
             self.closed = True
             for eng, _, rkey in self._targets:
-                if not eng.closed:
+                if not eng.closed and rkey in eng._rkeys:
+                    eng._rkeys.discard(rkey)
                     _ucx.ucp.rma_rkey_destroy(rkey)
+
+    def __del__(self) -> None:
+        # A key dropped without close() is released here; the engine releases the
+        # others when it closes (UCX warns about keys left behind at its teardown).
+        if not getattr(self, "closed", True):
+            self.close()
