@@ -72,12 +72,36 @@ _FRAMED_MARK = object()
 FRAMED = _FRAMED_MARK
 
 
+#: Sanity limits for a framed header from a peer (a corrupted or foreign message must
+#: not make the receiver allocate absurd amounts): frames per message, bytes per frame.
+MAX_FRAMES = 1 << 16
+MAX_FRAME_BYTES = 1 << 40
+
+
 def decode_header(data: Any) -> Header:
-    """Parse a first message (``bytes``/``bytearray``/``uint8`` array)."""
-    if data[0] == _INLINE:
+    """Parse a first message (``bytes``/``bytearray``/``uint8`` array).
+
+    Raises
+    ------
+    ValueError
+        Not an object message of this format (empty, unknown kind, truncated header,
+        more than :data:`MAX_FRAMES` frames or a frame over :data:`MAX_FRAME_BYTES`):
+        nothing is allocated for it.
+    """
+    n = len(data)
+    if n == 0:
+        raise ValueError("malformed object message: empty")
+    kind = data[0]
+    if kind == _INLINE:
         return Header(memoryview(data)[1:], 0, ())
+    if kind != _FRAMED or n < _HDR.size:
+        raise ValueError(f"malformed object message: kind {kind}, {n} bytes")
     _, nframes, seq = _HDR.unpack_from(data, 0)
+    if nframes > MAX_FRAMES or n < _HDR.size + 8 * nframes:
+        raise ValueError(f"malformed object message: {nframes} frames in {n} bytes")
     sizes = struct.unpack_from(f"<{nframes}Q", data, _HDR.size)
+    if any(size > MAX_FRAME_BYTES for size in sizes):
+        raise ValueError(f"malformed object message: a frame of {max(sizes)} bytes")
     return Header(memoryview(data)[_HDR.size + 8 * nframes:], seq, sizes)
 
 

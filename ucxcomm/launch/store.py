@@ -43,7 +43,13 @@ AUTH_TIMEOUT_S = 10.0
 
 
 class _BadFrame(ValueError):
-    """A frame that is not a JSON object within the limits."""
+    """A frame that is not a JSON object within the limits, or a malformed request."""
+
+
+#: The fields each request needs, with their JSON types.
+_FIELDS: dict[Any, tuple[tuple[str, type], ...]] = {
+    "set": (("key", str), ("value", str)), "get": (("key", str),),
+    "add": (("key", str), ("amount", int)), "join": (("rank", int),)}
 
 
 async def _read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME) -> dict:
@@ -196,6 +202,12 @@ class StoreServer:
 
     async def _handle(self, msg: dict, writer: asyncio.StreamWriter) -> None:
         op, rid = msg.get("op"), msg.get("id")
+        if rid is not None and type(rid) is not int:
+            raise _BadFrame(f"request id {rid!r} is not an integer")
+        for name, kind in _FIELDS.get(op, ()):
+            if type(msg.get(name)) is not kind:
+                raise _BadFrame(f"{op}: {name} must be a {kind.__name__}, got "
+                                f"{type(msg.get(name)).__name__}")
         if op == "set":
             key = msg["key"]
             self._data[key] = base64.b64decode(msg["value"])
