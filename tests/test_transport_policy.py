@@ -224,13 +224,14 @@ def test_info_says_no_rdma_and_why():
     proc = _cli("info", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["rdma"].startswith("no (no RDMA device under /sys/class/infiniband")
-    assert report["tag_offload"] == "off" and "needs RDMA" in report["tag_offload_why"]
-    if not report["verbs"] == "yes":
-        assert "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY" in report["verbs"]
+    assert report["rdma"] is False
+    assert report["rdma_why"].startswith("no RDMA device under /sys/class/infiniband")
+    assert report["tag_offload"] is False and "needs RDMA" in report["tag_offload_why"]
+    if not report["verbs"]:
+        assert "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY" in report["verbs_why"]
     assert report["transport"] == "auto" and report["ucx_resources"]
     tcp = json.loads(_cli("info", "--json", "--transport", "tcp").stdout)
-    assert tcp["UCX_TLS"] == "tcp,sm,self" and tcp["tag_offload"] == "off"
+    assert tcp["UCX_TLS"] == "tcp,sm,self" and tcp["tag_offload"] is False
     proc = _cli("info", "--transport", "rdma")
     assert proc.returncode == 1 and "transport='rdma' is not available" in proc.stderr
     proc = _cli("info", "--tag-offload", "on")
