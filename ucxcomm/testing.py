@@ -128,7 +128,8 @@ def run_case(script: str | os.PathLike[str], name: str, nranks: int, *,
 
 def run_ranks(commands: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]],
               ok_line: str, timeout: float = 90.0, *,
-              cwd: str | os.PathLike[str] | None = None) -> list[str]:
+              cwd: str | os.PathLike[str] | None = None,
+              quiet: bool = False) -> list[str]:
     """Start one process per rank, no launcher in between, and require that all succeed.
 
     Every process is waited for up to ``timeout`` seconds; any still running then is
@@ -147,6 +148,10 @@ def run_ranks(commands: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str
     cwd : path-like, optional
         Working directory of every rank; this process's by default.
 
+    quiet : bool, optional
+        Also require that no rank wrote a traceback (``Traceback`` or ``Error`` on
+        stderr), e.g. for clean exits.
+
     Returns
     -------
     list of str
@@ -155,7 +160,8 @@ def run_ranks(commands: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str
     Raises
     ------
     AssertionError
-        If a rank exited non-zero or did not print its ``ok_line``.
+        If a rank exited non-zero or did not print its ``ok_line`` (or, with ``quiet``,
+        wrote a traceback).
     subprocess.TimeoutExpired
         If a rank was still running at its deadline (every rank is killed first).
     """
@@ -174,6 +180,9 @@ def run_ranks(commands: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str
     for r, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, f"rank {r}: exit {p.returncode}\n{out}\n{err[-4000:]}"
         assert ok_line.format(rank=r) in out, f"rank {r}:\n{out}\n{err[-4000:]}"
+        if quiet:
+            assert "Traceback" not in err and "Error" not in err, \
+                f"rank {r} was not quiet:\n{err[-4000:]}"
     return [out for out, _ in outs]
 
 
