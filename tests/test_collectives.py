@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ucxcomm.testing import run_case
+from ucxcomm.testing import OVER_TCP, run_case
 
 COLL_CASES = Path(__file__).resolve().parent / "spmd" / "coll_cases.py"
 
@@ -42,7 +42,7 @@ def test_cancelled_collective():
                                   "alltoall_and_reduce_scatter"])
 def test_collectives_over_tcp(name):
     """The same cases with UCX restricted to TCP."""
-    run_case(COLL_CASES, name, 3, env={"UCX_TLS": "tcp,self"})
+    run_case(COLL_CASES, name, 3, env=OVER_TCP)
 
 
 @pytest.mark.gpu

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ucxcomm.testing import run_case
+from ucxcomm.testing import OVER_TCP, run_case
 
 P2P_CASES = Path(__file__).resolve().parent / "spmd" / "p2p_cases.py"
 
@@ -51,7 +51,16 @@ def test_closed():
                                   "truncation", "cancellation"])
 def test_p2p_over_tcp(name):
     """The same cases with UCX restricted to TCP (our fallback where there is no RDMA)."""
-    run_case(P2P_CASES, name, 2, env={"UCX_TLS": "tcp,self"})
+    run_case(P2P_CASES, name, 2, env=OVER_TCP)
+
+
+def test_over_tcp_cases_ignore_an_exported_transport(monkeypatch):
+    """Regression (found in issue 14): with UCXCOMM_TRANSPORT=rdma exported, as
+    docs/transports.md says to run the suite on an RDMA host, the over-TCP cases
+    inherited it and failed by design (rdma refuses TCP; here, with no RDMA at all,
+    init fails). OVER_TCP pins the policy to auto for them."""
+    monkeypatch.setenv("UCXCOMM_TRANSPORT", "rdma")
+    run_case(P2P_CASES, "ring_objects", 2, env=OVER_TCP)
 
 
 @pytest.mark.gpu

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ucxcomm.testing import launch, run_case
+from ucxcomm.testing import OVER_TCP, launch, run_case
 
 ROOT = Path(__file__).resolve().parent.parent
 RMA_CASES = ROOT / "tests" / "spmd" / "rma_cases.py"
@@ -29,7 +29,7 @@ def test_rma(name, nranks):
 @pytest.mark.parametrize("name", CASES)
 def test_rma_over_tcp(name):
     """UCX emulates RMA and atomics over TCP: the targets' progress threads serve them."""
-    run_case(RMA_CASES, name, 3, env={"UCX_TLS": "tcp,self"})
+    run_case(RMA_CASES, name, 3, env=OVER_TCP)
 
 
 @pytest.mark.parametrize("nranks", [2, 3])

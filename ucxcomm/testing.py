@@ -12,7 +12,8 @@ from typing import Any
 
 import ucxcomm
 
-__all__ = ["LAUNCHER_VARS", "Cases", "clean_env", "launch", "run_case", "run_ranks"]
+__all__ = ["LAUNCHER_VARS", "OVER_TCP", "Cases", "clean_env", "launch", "run_case",
+           "run_ranks"]
 
 #: Prefixes of the environment variables through which a launcher (ours, torchrun, Slurm,
 #: Open MPI, PMI) describes the job; :func:`clean_env` drops every variable that has one.
@@ -24,6 +25,12 @@ LAUNCHER_VARS: tuple[str, ...] = (
 CaseFunction = Callable[[Any], Awaitable[Any]]
 
 _TAIL = 6000  # characters of a failed job's output that an assertion message shows
+
+
+#: The environment of the suite's over-TCP cases: UCX restricted to TCP, and the
+#: transport policy left to UCX ("auto") whatever the suite runs under (with
+#: ``UCXCOMM_TRANSPORT=rdma`` exported, those cases failed by design: rdma refuses TCP).
+OVER_TCP = {"UCX_TLS": "tcp,self", "UCXCOMM_TRANSPORT": "auto"}
 
 
 def clean_env() -> dict[str, str]:
