@@ -193,6 +193,8 @@ def test_closed_listener_turns_clients_away_and_releases_its_port():
                           text=True, timeout=50)
     assert proc.returncode == 0 and "LISTENER-CLOSE-OK" in proc.stdout, \
         (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
+    # and quietly (issue 12: closing logged "UCXPY ERROR ... has no attribute 'closed'")
+    assert "UCX" not in proc.stdout + proc.stderr, (proc.stdout[-2000:], proc.stderr[-2000:])
 
 
 def test_transport_is_lazy():
