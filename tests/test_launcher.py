@@ -74,6 +74,17 @@ def test_untagged_output_is_forwarded_in_whole_lines():
     assert not mixed, f"{len(mixed)} lines mixed, e.g. {mixed[:3]}"
 
 
+def test_exit_without_close_is_quiet():
+    """Regression (issue 15, defect 8): ranks that end without close() made the others
+    print "peer rank N died or left without closing" and "lost the bootstrap store"."""
+    proc = launch(3, [sys.executable, PROG, "no_close"], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in range(3):
+        assert f"[{r}] OK {r}" in proc.stdout
+    assert "died" not in proc.stderr and "lost the bootstrap store" not in proc.stderr, \
+        proc.stderr[-3000:]
+
+
 def test_timeout_dumps_stacks_and_kills():
     proc = launch(2, [sys.executable, PROG, "hang"], timeout=8)
     assert proc.returncode == 124, proc.stderr[-3000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import struct
 
@@ -74,7 +75,8 @@ async def test_client_without_token_cannot_read_or_write(server):
 async def test_dead_and_left_ranks(server):
     watcher = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
     dead = asyncio.get_running_loop().create_future()
-    watcher.on_dead = lambda r: dead.set_result(r) if not dead.done() else None
+    watcher.on_dead = lambda r, quiet: dead.set_result((r, quiet)) if not dead.done() \
+        else None
     leaver = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
     victim = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
     await leaver.join(1)
@@ -82,7 +84,7 @@ async def test_dead_and_left_ranks(server):
     await leaver.leave()
     await leaver.close()
     victim._writer.transport.abort()  # the rank dies: connection drops without leave
-    assert await asyncio.wait_for(dead, 10) == 2
+    assert await asyncio.wait_for(dead, 10) == (2, False)  # a death: not quiet
     await server.wait_until_gone(2, timeout=10)
     assert server.left == [1] and server.dead == [2]
     await watcher.close()
@@ -173,7 +175,7 @@ async def test_a_joined_rank_cannot_be_claimed_again(server):
     join as a rank that already joined is refused, and its disconnect kills no one."""
     watcher = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
     dead = []
-    watcher.on_dead = dead.append
+    watcher.on_dead = lambda r, quiet: dead.append(r)
     rank1 = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
     await rank1.join(1)
     stranger = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
@@ -196,3 +198,39 @@ def test_guessable_token_warning():
     assert guessable_token_warning(derived, "127.0.0.1") is None
     secret = WorldSpec(0, 2, "node1", 29501, "x" * 32, True, "torchrun", False)
     assert guessable_token_warning(secret, "0.0.0.0") is None
+
+
+async def test_exiting_rank_is_reported_as_an_exit(server):
+    """A rank whose event loop ends without close() tells the store it is exiting: its
+    drop reaches the others as an exit (they fail what waits on it, without a warning),
+    not as a death (issue 15, defect 8: clean exits printed "peer rank N died")."""
+    watcher = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    got = asyncio.get_running_loop().create_future()
+    watcher.on_dead = lambda r, quiet: got.set_result((r, quiet)) if not got.done() \
+        else None
+    exiting = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    await exiting.join(3)
+    exiting._task.cancel()  # what asyncio.run does to it at the end of the program
+    with contextlib.suppress(asyncio.CancelledError):
+        await exiting._task
+    exiting._writer.transport.abort()
+    assert await asyncio.wait_for(got, 10) == (3, True)
+    await watcher.close()
+
+
+async def test_store_shutdown_is_announced():
+    """The host's event loop ending cancels the store's handlers: each client is told
+    the store is closing (no "lost the bootstrap store" warning), nobody is declared dead."""
+    srv = await StoreServer(TOKEN, "127.0.0.1", 0).start()
+    client = await StoreClient.connect("127.0.0.1", srv.port, TOKEN, timeout=10)
+    lost = asyncio.get_running_loop().create_future()
+    client.on_lost = lambda closing: lost.set_result(closing) if not lost.done() else None
+    await client.join(1)
+    for task in asyncio.all_tasks():
+        if task.get_coro().__qualname__ == "StoreServer._serve":
+            task.cancel()
+    assert await asyncio.wait_for(lost, 10) is True
+    assert srv.dead == []
+    await client.close()
+    await srv.close()
+

@@ -63,12 +63,17 @@ class World:
             self._eps[world_rank] = ep
         return ep
 
-    def peer_failed(self, world_rank: int) -> None:
-        """Called when the bootstrap store reports that ``world_rank`` died."""
+    def peer_failed(self, world_rank: int, quiet: bool = False) -> None:
+        """Called when the bootstrap store reports that ``world_rank`` died (``quiet``:
+        its process was ending without closing, so its own output says why; what waits
+        on it still fails, without a warning here)."""
         if world_rank == self.rank or self.closed:
             return
-        log.warning("rank %d: peer rank %d died or left without closing", self.rank,
-                    world_rank)
+        if quiet:
+            log.info("rank %d: peer rank %d exited without closing", self.rank, world_rank)
+        else:
+            log.warning("rank %d: peer rank %d died or left without closing", self.rank,
+                        world_rank)
         self.worker.fail_peer(world_rank, PeerFailure(
             f"rank {world_rank} died or left the job without closing", peer=world_rank))
 

@@ -282,11 +282,11 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
         client.on_dead = world.peer_failed
         host_rank = 0 if not spec.source == "ucxcomm" else None
 
-        def lost() -> None:
+        def lost(closing: bool) -> None:
             if world.closed:
                 return
             if host_rank is not None and spec.rank != host_rank:
-                world.peer_failed(host_rank)
+                world.peer_failed(host_rank, quiet=closing)  # (its store shut down)
             else:
                 log.warning("rank %d: lost the bootstrap store (launcher gone?)", spec.rank)
                 for r in range(spec.size):

@@ -102,6 +102,7 @@ class StoreServer:
         self.left: list[int] = []
         self._gone_waiters: list[asyncio.Future] = []
         self._unauthenticated = 0
+        self._exiting: set[asyncio.StreamWriter] = set()
 
     @property
     def port(self) -> int:
@@ -184,16 +185,20 @@ class StoreServer:
                         type(exc).__name__, exc)
         except asyncio.CancelledError:
             # The store's own process is shutting down (asyncio.run cancels what is
-            # left): nobody died. Not re-raised: Python 3.11's stream server logs a
-            # traceback for every cancelled connection handler.
+            # left): nobody died; tell the client the store is going. Not re-raised:
+            # Python 3.11's stream server logs a traceback for every cancelled handler.
             stopping = True
+            with contextlib.suppress(Exception):
+                writer.write(_encode({"event": "closing"}))
         finally:
             self._clients.discard(writer)
+            exiting = writer in self._exiting
+            self._exiting.discard(writer)
             rank = self._ranks.pop(writer, None)
             if rank is not None and not stopping:
                 self.dead.append(rank)
                 log.info("store: rank %d disconnected without leaving", rank)
-                event = _encode({"event": "dead", "rank": rank})
+                event = _encode({"event": "exited" if exiting else "dead", "rank": rank})
                 for w in list(self._clients):
                     with contextlib.suppress(Exception):
                         w.write(event)
@@ -239,6 +244,11 @@ class StoreServer:
             else:
                 self._ranks[writer] = rank
                 writer.write(_encode({"id": rid, "ok": True, "dead": self.dead}))
+        elif op == "exiting":
+            # The rank's process is ending without having closed: its drop will be
+            # reported as an exit (peers fail what they wait from it, quietly), not as a
+            # death. No answer: the process may be gone before it could read one.
+            self._exiting.add(writer)
         elif op == "leave":
             gone = self._ranks.pop(writer, None)
             if gone is not None:
@@ -260,8 +270,10 @@ class StoreServer:
 class StoreClient:
     """Client of :class:`StoreServer`. Create with :meth:`connect`.
 
-    ``on_dead(rank)`` is called (on the event loop) when the store reports that a
-    joined rank dropped without leaving.
+    ``on_dead(rank, quiet)`` is called (on the event loop) when the store reports that a
+    joined rank dropped without leaving (``quiet``: its process announced that it was
+    exiting, so it did not crash silently). ``on_lost(closing)`` when the connection to
+    the store drops (``closing``: the store said it was shutting down).
     """
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -270,8 +282,9 @@ class StoreClient:
         self.address = address
         self._next = 0
         self._pending: dict[int, asyncio.Future] = {}
-        self.on_dead: Callable[[int], None] | None = None
-        self.on_lost: Callable[[], None] | None = None
+        self.on_dead: Callable[[int, bool], None] | None = None
+        self.on_lost: Callable[[bool], None] | None = None
+        self._store_closing = False
         self._leaving = False
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
@@ -320,8 +333,11 @@ class StoreClient:
             while True:
                 msg = await _read_frame(self._reader)
                 if "event" in msg:
-                    if msg["event"] == "dead" and self.on_dead is not None:
-                        self.on_dead(int(msg["rank"]))
+                    event = msg["event"]
+                    if event in ("dead", "exited") and self.on_dead is not None:
+                        self.on_dead(int(msg["rank"]), event == "exited")
+                    elif event == "closing":
+                        self._store_closing = True
                     continue
                 rid = msg.get("id")
                 fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
@@ -329,6 +345,14 @@ class StoreClient:
                     fut.set_result(msg)
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             pass
+        except asyncio.CancelledError:
+            # This process's event loop is ending without close(): say so, so that the
+            # store reports an exit rather than a death (written at once, unanswered).
+            if not self._leaving:
+                self._leaving = True
+                with contextlib.suppress(Exception):
+                    self._writer.write(_encode({"op": "exiting"}))
+            raise
         finally:
             err = BootstrapError(f"lost the connection to the bootstrap store {self.address}")
             for fut in self._pending.values():
@@ -336,7 +360,7 @@ class StoreClient:
                     fut.set_exception(err)
             self._pending.clear()
             if not self._leaving and self.on_lost is not None:
-                self.on_lost()
+                self.on_lost(self._store_closing)
 
     async def _call(self, msg: dict, timeout: float | None) -> dict:
         if self._task.done():
