@@ -129,6 +129,12 @@ class Win:
         self._mem = [transport.remote_memory(i[0], i[1], i[2]) for i in infos]
         self._ctl = [transport.remote_memory(i[3], i[4], _CTRL_WORDS * 8) for i in infos]
         self._units = [i[5] for i in infos]
+        # Every rank finishes connecting to every other before anyone goes on: UCX
+        # aborts a process that receives connection setup from a peer that died
+        # meanwhile (seen in CI: a rank dying right after creating a window).
+        for rm in self._ctl:  # (the data keys use the same endpoints)
+            await rm.wireup()
+        await comm.barrier()
         self._held = {}  # rank -> exclusive?
         self._closed = False
         return self

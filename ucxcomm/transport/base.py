@@ -108,6 +108,11 @@ class Remote(ABC):
     async def flush(self) -> None:
         """Complete, at the target, every operation issued to it."""
 
+    async def wireup(self) -> None:
+        """Finish connecting to the owner (every endpoint this key may use), so that
+        no connection setup is still under way later (see RemoteMemory.wireup)."""
+        await self.flush()
+
     @abstractmethod
     async def atomic(self, op: str, value: Any, offset: int, dtype: Any,
                      fetch: bool = True, compare: Any = None) -> Any:

@@ -524,6 +524,22 @@ class RemoteMemory(Remote):
             if out is not None:
                 await eng.finish(out)
 
+    async def wireup(self) -> None:
+        """Finish connecting every endpoint this key may use (a flush on each forces
+        UCX's connection setup to completion). Windows do this, then a barrier, when
+        they are created: UCX aborts the process when a peer dies while an endpoint
+        to it is still being set up ("endpoint reconfiguration not supported yet")."""
+        if self.closed:
+            raise ClosedError("this remote memory was closed")
+        done = set()
+        for eng, ep, _ in self._targets:
+            if (eng, ep) in done or eng.closed:
+                continue
+            done.add((eng, ep))
+            out = eng._ucp.rma_flush(eng.handle, ep, eng.spin_s)
+            if out is not None:
+                await eng.finish(out)
+
     def _amo_args(self, op: str, offset: int, dtype: Any, count: int
                   ) -> tuple[int, bool, int, int]:
         """Checked ``(size, signed, opcode, remote address)`` for ``count`` elements at
