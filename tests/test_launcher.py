@@ -96,12 +96,22 @@ def test_timeout_dumps_stacks_and_kills():
     assert_all_gone(pids(proc.stdout))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_to_launcher_reaches_every_rank(sig):
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sig,background", [(signal.SIGTERM, False), (signal.SIGINT, False),
+                                            (signal.SIGINT, True)])
+def test_signal_to_launcher_reaches_every_rank(sig, background):
+    """``background``: the launcher starts with SIGINT ignored, as a shell script's
+    background job does. Regression (issue 15, defect 3): its ranks inherited the
+    ignored SIGINT, so the SIGINT it forwards did nothing and every rank waited for the
+    SIGKILL 5 s later; now the ranks are interrupted (KeyboardInterrupt)."""
     cmd = [sys.executable, "-m", "ucxcomm.cli", "run", "-n", "3", "--tag-output",
            "--timeout", "60", sys.executable, PROG, "hang"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         cwd=ROOT, stdin=subprocess.DEVNULL)
+                         cwd=ROOT, stdin=subprocess.DEVNULL,
+                         preexec_fn=_ignore_sigint if background else None)
     seen: list[str] = []
     deadline = time.monotonic() + 60
     assert p.stdout is not None
@@ -115,6 +125,9 @@ def test_signal_to_launcher_reaches_every_rank(sig):
     assert p.returncode == 128 + sig, err[-3000:]
     assert f"got signal {int(sig)}" in err
     assert_all_gone(pids("".join(seen) + out))
+    if sig == signal.SIGINT:  # the ranks were interrupted, not left for the SIGKILL
+        # (once one rank ends, the launcher stops the others: they may end by SIGTERM)
+        assert "] KeyboardInterrupt" in err, err[-3000:]
 
 
 def test_usage_errors():

@@ -109,6 +109,20 @@ class _Job:
             # write unbuffered so that it comes as it is printed.
             pipe = asyncio.subprocess.PIPE
             base.setdefault("PYTHONUNBUFFERED", "1")
+
+            def on_signal(sig: int) -> None:
+                if self.code is None:
+                    self.code = 128 + sig
+                self._say(f"got signal {sig}; forwarding to all ranks")
+                self.signal_all(sig)
+                self.pumps.append(loop.create_task(self.stop(sig)))
+
+            # Installed before the ranks start: a caught signal is reset to its default
+            # in a child that execs, an ignored one stays ignored. A launcher started in
+            # the background of a script has SIGINT ignored; its ranks inherited that and
+            # ignored the SIGINT it forwards (every Ctrl-C waited for the 5 s SIGKILL).
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, on_signal, sig)
             for rank in range(self.nprocs):
                 env = dict(base, UCXCOMM_RANK=str(rank), UCXCOMM_LOCAL_RANK=str(rank))
                 try:
@@ -127,15 +141,6 @@ class _Job:
                 self.pumps.append(asyncio.ensure_future(
                     self._pump(proc.stderr, rank, sys.stderr)))
 
-            def on_signal(sig: int) -> None:
-                if self.code is None:
-                    self.code = 128 + sig
-                self._say(f"got signal {sig}; forwarding to all ranks")
-                self.signal_all(sig)
-                self.pumps.append(loop.create_task(self.stop(sig)))
-
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, on_signal, sig)
             watchers = [asyncio.ensure_future(self._watch(r, p))
                         for r, p in enumerate(self.procs)]
             done, _ = await asyncio.wait(watchers, timeout=self.timeout)
