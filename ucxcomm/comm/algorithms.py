@@ -18,7 +18,7 @@ This module never touches UCX: it posts tag sends/receives through the communica
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -191,6 +191,18 @@ class Chan:
                 for other in pending[i + 1:]:
                     other.add_done_callback(_retrieve)
                 raise
+
+    async def guard(self, aw: Awaitable[Any]) -> Any:
+        """Await ``aw`` (this call's algorithm or its waits): if it is cancelled, withdraw
+        the call's receives; if it fails, consume its other operations' errors."""
+        try:
+            return await aw
+        except asyncio.CancelledError:
+            await self.withdraw()
+            raise
+        except BaseException:
+            self.failed()
+            raise
 
     def failed(self) -> None:
         """After an error: the call's other operations may fail too (e.g. the same

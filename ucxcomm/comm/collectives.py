@@ -203,14 +203,11 @@ class Collectives:
         if ch.sync is not None:
             ch.sync()  # kernels that produced the inputs have finished
         try:
-            await coro
+            await ch.guard(coro)
         except asyncio.CancelledError:
-            await ch.withdraw()
-            ch.release()
+            ch.release()  # (withdrawn: nothing touches the scratch any more)
             raise
-        except BaseException:
-            ch.failed()  # operations may still be pending: their scratch is dropped
-            raise
+        # (on failure, operations may still be pending: their scratch is dropped)
         ch.release()
 
     @staticmethod
@@ -302,15 +299,8 @@ class Collectives:
             tmp_target = transport.recv_ptr(tmp)
         recv_target = transport.recv_ptr(recv)
         send_target = recv_target if send is recv else transport.send_ptr(send)
-        try:
-            await alg.allreduce_recursive_doubling(ch, send, send_target, recv, recv_target,
-                                                   tmp, tmp_target, ufunc)
-        except asyncio.CancelledError:
-            await ch.withdraw()
-            raise
-        except BaseException:
-            ch.failed()
-            raise
+        await ch.guard(alg.allreduce_recursive_doubling(ch, send, send_target, recv,
+                                                        recv_target, tmp, tmp_target, ufunc))
         self._rd_scratch = (recv.dtype, recv.shape, tmp, tmp_target)
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:

@@ -13,7 +13,6 @@ association (exact for integers).
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -66,14 +65,7 @@ class SmallCollectives:
         self._scratch[(arr.dtype, arr.shape[1])] = arr
 
     async def _finish(self, ch: Chan) -> None:
-        try:
-            await ch.waitall(ch.recvs + ch.sends)
-        except asyncio.CancelledError:
-            await ch.withdraw()
-            raise
-        except BaseException:
-            ch.failed()
-            raise
+        await ch.guard(ch.waitall(ch.recvs + ch.sends))
 
     async def _exchange(self, ch: Chan, peer: int, send: Any, recv: Any) -> None:
         """Two ranks: send first, then wait for the peer's message in place (it is

@@ -388,17 +388,7 @@ cdef class TagEngine:
         self._check(peers)
         cdef int st = ucxcomm_tag_send(ep, <const void *><uintptr_t>t[0], n, tag,
                                        fast and n < FAST_SEND_MAX, &req)
-        if st == 0:
-            return None
-        if st < 0:
-            raise self._error(st, peers, "send")
-        cdef Op op = Op.__new__(Op)
-        op.future = self._create_future()
-        op.peers = peers
-        op.req = req
-        op.keep = t[2]
-        self._reqs.append(op)
-        return op.future
+        return self._polled_op(st, req, t[2], peers, "send", False)
 
     def stream_send(self, uintptr_t ep, tuple t, object peers):
         """Stream bytes to an endpoint (connection handshakes); None if done at once."""
@@ -406,16 +396,20 @@ cdef class TagEngine:
         self._check(None)
         cdef int st = ucxcomm_stream_send(ep, <const void *><uintptr_t>t[0], <size_t>t[1],
                                           &req)
-        return self._stream_op(st, req, t[2], peers, "stream send")
+        return self._polled_op(st, req, t[2], peers, "stream send", False)
 
     def stream_recv(self, uintptr_t ep, tuple t, object peers):
         """Receive exactly ``len(target)`` stream bytes from an endpoint."""
         cdef void *req = NULL
         self._check(None)
         cdef int st = ucxcomm_stream_recv(ep, <void *><uintptr_t>t[0], <size_t>t[1], &req)
-        return self._stream_op(st, req, t[2], peers, "stream receive")
+        return self._polled_op(st, req, t[2], peers, "stream receive", False)
 
-    cdef object _stream_op(self, int st, void *req, object keep, object peers, str what):
+    cdef object _polled_op(self, int st, void *req, object keep, object peers, str what,
+                           bint is_recv):
+        """The outcome of a posted send/receive that needs no matching: None when it
+        completed at once, the error, or a future for the request (polled with
+        ucp_request_check_status; ``keep`` holds its buffer until then)."""
         if st == 0:
             return None
         if st < 0:
@@ -424,7 +418,8 @@ cdef class TagEngine:
         op.future = self._create_future()
         op.peers = peers
         op.req = req
-        op.keep = keep  # polled with ucp_request_check_status
+        op.keep = keep
+        op.is_recv = is_recv
         self._reqs.append(op)
         return op.future
 
@@ -438,18 +433,7 @@ cdef class TagEngine:
         self._check(None)
         cdef int st = ucxcomm_tag_recv(self._wh, <void *><uintptr_t>t[0], <size_t>t[1], tag,
                                        mask, &req, &stag, &length)
-        if st == 0:
-            return None
-        if st < 0:
-            raise self._error(st, peers, "receive")
-        cdef Op op = Op.__new__(Op)
-        op.future = self._create_future()
-        op.peers = peers
-        op.req = req
-        op.keep = t[2]
-        op.is_recv = True
-        self._reqs.append(op)
-        return op.future
+        return self._polled_op(st, req, t[2], peers, "receive", True)
 
     def probe(self, uint64_t tag, uint64_t mask):
         """Non-destructive probe: ``(sender_tag, nbytes)`` of the first match, or None."""
