@@ -15,12 +15,12 @@ import functools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
+
+from ucxcomm.bench.perftest import free_port, perftest
 
 __all__ = ["bench_line", "free_port", "main", "median_of", "mpiexec_run", "perftest",
            "perftest_records", "print_ratios", "ratios", "record", "run_bench",
@@ -115,45 +115,6 @@ def mpiexec_run(n: int, script: str, *args: str, env: dict) -> list[dict]:
     if mpiexec is None:
         return []
     return run_bench([mpiexec, "-n", str(n), sys.executable, str(HERE / script), *args], env)
-
-
-def free_port() -> int:
-    """A TCP port on loopback that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def perftest(test: str, size: int, iters: int, env: dict) -> tuple[float, float, float] | None:
-    """``(latency median us, latency average us, bandwidth GB/s)`` of one
-    ``ucx_perftest -t test`` client/server pair on loopback, or None if unavailable."""
-    import libucx
-
-    exe = Path(libucx.__file__).parent / "bin" / "ucx_perftest"
-    if not exe.exists():
-        return None
-    env = dict(env, LD_LIBRARY_PATH=str(exe.parent.parent / "lib"))
-    port = 20000 + (os.getpid() + sum(map(ord, test)) + size) % 20000
-    server = subprocess.Popen([str(exe), "-p", str(port)], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    try:
-        for _attempt in range(50):  # the server needs a moment to listen
-            proc = subprocess.run([str(exe), "127.0.0.1", "-p", str(port), "-t", test, "-s",
-                                   str(size), "-n", str(iters)], capture_output=True,
-                                  text=True, env=env, timeout=300)
-            if proc.returncode == 0:
-                break
-            time.sleep(0.1)
-        else:
-            return None
-    finally:
-        server.kill()
-        server.wait()
-    final = [ln for ln in proc.stdout.splitlines() if ln.startswith("Final:")]
-    if not final:
-        return None
-    cols = final[0].split()
-    return float(cols[2]), float(cols[3]), float(cols[5]) * (1 << 20) / 1e9
 
 
 def perftest_records(runs: Iterable[tuple[str, int, int, dict]],

@@ -1,4 +1,5 @@
-"""The ``ucxcomm`` command: ``run``, ``info``; the only module that parses argv or prints."""
+"""The ``ucxcomm`` command: ``run``, ``info``, ``bench``; the only module that parses argv or
+prints (``bench``'s report is formatted by :mod:`ucxcomm.bench.driver`)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,77 @@ def _info(as_json: bool, transport: str | None, tag_offload: str | None) -> int:
     return 0
 
 
+_BENCH_SUITES = ("p2p", "rma", "collectives")
+_PEERS = ("ucxx", "mpi4py", "gloo", "perftest", "asyncio")
+
+
+def _bench_parser(sub) -> None:
+    bench = sub.add_parser(
+        "bench", help="measure ucxcomm next to ucxx, mpi4py+MPICH, gloo, ucx_perftest and "
+        "asyncio streams, OSU-style, in the same run",
+        description="OSU-style sweeps of ucxcomm and the peers that are installed, "
+        "alternating implementations at every size. Prints a table with ucxcomm's speedup "
+        "over each peer; --json and --plot keep the figures.")
+    bench.add_argument("suite", nargs="?", default="all", choices=[*_BENCH_SUITES, "all"],
+                       help="what to measure (default all)")
+    bench.add_argument("-n", type=int, default=2, dest="n",
+                       help="ranks for collectives (p2p and rma use 2); default 2")
+    bench.add_argument("--sizes", help="message sizes, e.g. 8,4K,1M,64M (default: the "
+                       "suite's OSU-like sweep)")
+    bench.add_argument("--quick", action="store_true",
+                       help="few sizes and repetitions: a smoke test, not a measurement")
+    bench.add_argument("--compare", help=f"comma separated peers among {','.join(_PEERS)} "
+                       "(default: all that are installed); 'none' for ucxcomm alone")
+    bench.add_argument("--transport", choices=["shm", "tcp"], default="shm",
+                       help="shm: each library's default on one host; tcp: UCX_TLS=tcp,self "
+                       "and UCX_NET_DEVICES=lo for every UCX-based library, MPICH without "
+                       "shared memory")
+    bench.add_argument("--json", metavar="OUT.jsonl", help="write the records as JSON lines")
+    bench.add_argument("--plot", metavar="OUT.png", help="plot (needs matplotlib)")
+    bench.add_argument("--quiet", action="store_true", help="no progress display")
+    bench.add_argument("--gpu", action="store_true",
+                       help="collectives on cupy buffers (ucxcomm only)")
+    bench.add_argument("--timeout", type=float, default=900.0,
+                       help="seconds one job may take (default 900)")
+
+
+def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import importlib.util
+
+    from .bench import driver
+    from .bench.spec import parse_sizes
+
+    try:
+        sizes = parse_sizes(args.sizes) if args.sizes else None
+    except ValueError as exc:
+        parser.error(f"--sizes: {exc}")
+    compare = None
+    if args.compare is not None:
+        compare = [c.strip() for c in args.compare.split(",") if c.strip() not in ("", "none")]
+        bad = [c for c in compare if c not in _PEERS]
+        if bad:
+            parser.error(f"--compare: unknown {', '.join(bad)}; choose among {','.join(_PEERS)}")
+    if args.n < 2:
+        parser.error("-n must be >= 2")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib: pip install 'ucxcomm[bench]'")
+    if args.timeout <= 0:
+        parser.error("--timeout must be > 0")
+    suites = list(_BENCH_SUITES) if args.suite == "all" else [args.suite]
+    opts = driver.Options(suites=suites, nranks=args.n, sizes=sizes, quick=args.quick,
+                          compare=compare, transport=args.transport, json_out=args.json,
+                          plot_out=args.plot, quiet=args.quiet, gpu=args.gpu,
+                          timeout=args.timeout)
+    records = driver.run(opts)
+    print(driver.table(records))
+    if args.plot and records:
+        driver.plot(records, args.plot)
+    if not any(r["impl"].startswith("ucxcomm") for r in records):
+        print("ucxcomm bench: no ucxcomm measurement completed", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ucxcomm", description="Run ucxcomm programs on this machine and report what "
@@ -74,7 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="the policy to check (default: UCXCOMM_TRANSPORT or auto)")
     info.add_argument("--tag-offload", choices=["auto", "on", "off"], default=None,
                       help="the tag-matching policy to check (default: UCXCOMM_TAG_OFFLOAD)")
+    _bench_parser(sub)
     args = parser.parse_args(argv)
+    if args.cmd == "bench":
+        return _bench(args, parser)
     if args.cmd == "run":
         from .launch.launcher import run_job
 

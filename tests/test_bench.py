@@ -1,0 +1,106 @@
+"""``ucxcomm bench`` (issue 13): the sweeps run end to end and their JSON and PNG parse;
+bad options fail before anything runs. Timings are never asserted here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ucxcomm.bench import driver
+from ucxcomm.bench.spec import SUITES, applies, parse_sizes
+from ucxcomm.testing import clean_env
+
+ROOT = Path(__file__).resolve().parent.parent
+FIELDS = {"impl", "op", "size", "nranks", "unit", "median", "min", "max", "suite", "settings"}
+
+
+def bench(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ucxcomm.cli", "bench", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=clean_env(), stdin=subprocess.DEVNULL)
+
+
+def records(path: Path) -> list[dict]:
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in recs:
+        assert FIELDS <= r.keys(), r
+        assert 0 < r["min"] <= r["median"] <= r["max"], r
+    return recs
+
+
+def test_p2p_smoke_writes_json_and_png(tmp_path):
+    """What CI runs: every p2p op of ucxcomm at both sizes, the installed peers beside it,
+    a PNG that is one."""
+    out, png = tmp_path / "p2p.jsonl", tmp_path / "p2p.png"
+    proc = bench("p2p", "--quick", "--sizes", "8,1M", "--json", str(out), "--plot", str(png))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = records(out)
+    ours = {(r["op"], r["size"]) for r in recs if r["impl"] == "ucxcomm"}
+    assert ours == {(op, s) for op in SUITES["p2p"] for s in (8, 1 << 20)}
+    assert {r["settings"]["transport"] for r in recs} == {"shm"}
+    peers = {r["impl"] for r in recs} - {"ucxcomm"}
+    assert {"ucxx", "asyncio", "ucx_perftest"} <= peers  # always installed with ucxcomm
+    for peer in peers:  # the table has a speedup column per peer that ran
+        assert f"x {peer}" in proc.stdout
+    assert "[p2p 1/" in proc.stderr  # the progress display
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_rma_and_collectives_over_tcp(tmp_path):
+    out = tmp_path / "r.jsonl"
+    proc = bench("rma", "--quick", "--sizes", "8,64K", "--compare", "perftest",
+                 "--transport", "tcp", "--json", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == "", proc.stderr  # --quiet: nothing but problems
+    recs = records(out)
+    ours = {(r["op"], r["size"]) for r in recs if r["impl"] == "ucxcomm"}
+    want = {(op, s) for op in SUITES["rma"] for s in (8, 65536) if applies(op, s, [8, 65536])}
+    assert ours == want
+    assert all(r["settings"]["UCX_TLS"] == "tcp,self" for r in recs)
+    out3 = tmp_path / "c.jsonl"
+    proc = bench("collectives", "-n", "3", "--quick", "--sizes", "8", "--compare", "none",
+                 "--json", str(out3), "--quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = records(out3)
+    assert {r["op"] for r in recs} == set(SUITES["collectives"])
+    assert {r["nranks"] for r in recs} == {3}
+    for r in recs:
+        assert r["busbw_GBps"] > 0 and r["algbw_GBps"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sizes", "8,abc"], "bad size"),
+    (["--sizes", "0"], "out of range"),
+    (["--compare", "nccl"], "unknown nccl"),
+    (["-n", "1"], "-n must be >= 2"),
+    (["--timeout", "0"], "--timeout must be > 0"),
+])
+def test_bad_options_fail_before_any_job(args, message):
+    t0 = time.monotonic()
+    proc = bench("p2p", *args, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "[p2p" not in proc.stderr and time.monotonic() - t0 < 30
+
+
+def test_sizes_parse():
+    assert parse_sizes("8,4K,1M,64M") == [8, 4096, 1 << 20, 64 << 20]
+    assert parse_sizes("1m, 8, 8") == [8, 1 << 20]
+    assert parse_sizes("2KiB,1G") == [2048, 1 << 30]
+
+
+def test_speedup_direction():
+    """x > 1 means ucxcomm is better, for times (smaller) and bandwidths (larger) alike."""
+    base = {"suite": "p2p", "nranks": 2, "size": 8, "min": 1, "max": 9,
+            "settings": {"transport": "shm"}}
+    recs = [dict(base, impl="ucxcomm", op="latency", unit="us", median=2.0),
+            dict(base, impl="mpi4py", op="latency", unit="us", median=4.0),
+            dict(base, impl="ucxcomm", op="bw", unit="GB/s", median=3.0),
+            dict(base, impl="mpi4py", op="bw", unit="GB/s", median=1.5)]
+    text = driver.table(recs)
+    rows = [ln.split() for ln in text.splitlines() if ln.strip().startswith("8 ")]
+    assert [row[-1] for row in rows] == ["2.00", "2.00"]

@@ -1,0 +1,392 @@
+"""``ucxcomm bench``: run the suites, interleaving implementations per size, and report.
+
+For every suite and size, each implementation runs one job under its own launcher
+(ucxcomm and raw ucxx under ``ucxcomm run``, mpi4py under the ``mpich`` wheel's
+``mpiexec``, gloo with torchrun-style variables, ``ucx_perftest`` as a client/server pair,
+asyncio streams as two forked processes). Jobs print ``BENCH {json}`` lines; the driver
+adds the suite and the settings, then prints a table with ratios, and writes JSON lines
+and a PNG on request. A peer that is not installed is skipped with a one-line note.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import perftest as _perftest
+from .spec import DEFAULT_SIZES, OPS, QUICK_SIZES, SUITES, applies, size_label
+
+__all__ = ["IMPLS", "Options", "run"]
+
+#: Launcher variables the driver must not hand to the jobs it starts.
+_DROP = ("UCXCOMM_RANK", "UCXCOMM_SIZE", "UCXCOMM_STORE", "UCXCOMM_TOKEN", "OMPI_", "PMI_",
+         "SLURM_PROCID", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+@dataclass
+class Options:
+    suites: list[str]
+    nranks: int = 2
+    sizes: list[int] | None = None
+    quick: bool = False
+    compare: list[str] | None = None  # None: every peer that is installed
+    transport: str = "shm"
+    json_out: str | None = None
+    plot_out: str | None = None
+    quiet: bool = False
+    gpu: bool = False
+    timeout: float = 900.0
+
+
+@dataclass
+class Impl:
+    """One implementation: what it measures and how to start one of its jobs."""
+
+    name: str
+    ops: dict[str, tuple[str, ...]]  # suite -> ops
+    missing: Callable[[], str | None]  # why it cannot run here, or None
+    start: Callable[..., list[dict]] = field(repr=False)
+    peer: bool = True
+
+
+# --------------------------------------------------------------------------- environment
+def _env(opts: Options) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_DROP)}
+    env["PYTHONUNBUFFERED"] = "1"
+    if opts.transport == "tcp":  # every UCX-based implementation alike, loopback only
+        env.update(UCX_TLS="tcp,self", UCX_NET_DEVICES="lo", UCXCOMM_TRANSPORT="auto",
+                   MPIR_CVAR_NOLOCAL="1")  # MPICH: no shared memory, its UCX netmod
+    return env
+
+
+def settings(opts: Options) -> dict[str, str]:
+    """The fair-play settings a reader needs to trust a comparison (also in every record)."""
+    if opts.transport == "tcp":
+        return {"transport": "tcp", "UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo",
+                "mpich": "no shared memory (MPIR_CVAR_NOLOCAL=1), its UCX over tcp,self on "
+                         "every interface (its bundled UCX rejects lo alone: 'Destination "
+                         "is unreachable')",
+                "gloo": "TCP on loopback", "asyncio": "TCP on loopback"}
+    return {"transport": "shm", "UCX_TLS": os.environ.get("UCX_TLS", "(UCX default)"),
+            "mpich": "default (shared memory within the node)",
+            "gloo": "TCP on loopback (gloo has no shared-memory transport)",
+            "asyncio": "TCP on loopback"}
+
+
+# --------------------------------------------------------------------------- job runners
+def _run(cmd: list[str], env: dict, timeout: float) -> tuple[list[dict], str | None]:
+    """Records of ``cmd``'s ``BENCH`` lines and an error note (None when it succeeded)."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return [], f"timed out after {timeout:.0f} s"
+    recs = [json.loads(ln[6:]) for ln in proc.stdout.splitlines() if ln.startswith("BENCH ")]
+    if proc.returncode != 0:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        return recs, f"exit {proc.returncode}: {tail[-400:]}"
+    return recs, None
+
+
+def _job_args(suite: str, ops: list[str], size: int, opts: Options) -> list[str]:
+    out = [suite, "--ops", ",".join(ops), "--size", str(size)]
+    return out + (["--quick"] if opts.quick else []) + (["--gpu"] if opts.gpu else [])
+
+
+def _under_ucxcomm(module: str) -> Callable[..., list[dict]]:
+    def start(suite, ops, size, n, opts, env, note):
+        py = sys.executable
+        cmd = [py, "-m", "ucxcomm.cli", "run", "-n", str(n), "--timeout",
+               str(int(opts.timeout)), py, "-m", f"ucxcomm.bench.{module}",
+               *_job_args(suite, ops, size, opts)]
+        recs, err = _run(cmd, env, opts.timeout + 30)
+        if err:
+            note(err)
+        return recs
+    return start
+
+
+def _mpiexec() -> str | None:
+    exe = shutil.which("mpiexec", path=str(Path(sys.executable).parent))
+    return exe or shutil.which("mpiexec")
+
+
+def _start_mpi(suite, ops, size, n, opts, env, note):
+    if opts.transport == "tcp":  # MPICH's own UCX finds no peer with lo alone
+        env = {k: v for k, v in env.items() if k != "UCX_NET_DEVICES"}
+    cmd = [_mpiexec() or "mpiexec", "-n", str(n), sys.executable, "-m",
+           "ucxcomm.bench.ranks_mpi", *_job_args(suite, ops, size, opts)]
+    recs, err = _run(cmd, env, opts.timeout)
+    if err:
+        note(err)
+    return recs
+
+
+def _start_gloo(suite, ops, size, n, opts, env, note):
+    """N processes with torchrun's variables (what ``torchrun --nproc-per-node N`` sets)."""
+    port = str(_perftest.free_port())
+    cmd = [sys.executable, "-m", "ucxcomm.bench.ranks_gloo", *_job_args(suite, ops, size, opts)]
+    procs = []
+    for r in range(n):
+        renv = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(r),
+                    WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n))
+        procs.append(subprocess.Popen(cmd, env=renv, stdin=subprocess.DEVNULL, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    deadline = time.monotonic() + opts.timeout
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic())))
+    except subprocess.TimeoutExpired:
+        note(f"timed out after {opts.timeout:.0f} s")
+        return []
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for line in outs[0][1].splitlines():
+        if "unsupported" in line:
+            note(line.strip())
+    bad = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode]
+    if bad:
+        tail = " | ".join(outs[bad[0][0]][1].strip().splitlines()[-3:])
+        note(f"rank {bad[0][0]} exit {bad[0][1]}: {tail[-400:]}")
+    return [json.loads(ln[6:]) for ln in outs[0][0].splitlines() if ln.startswith("BENCH ")]
+
+
+def _start_asyncio(suite, ops, size, n, opts, env, note):
+    cmd = [sys.executable, "-m", "ucxcomm.bench.ranks_asyncio",
+           *_job_args(suite, ops, size, opts)]
+    recs, err = _run(cmd, env, opts.timeout)
+    if err:
+        note(err)
+    return recs
+
+
+#: our op -> (ucx_perftest test, which figure); perftest's latencies are its own
+#: (ping-pong halves for tag_lat and put_lat), see the settings note.
+_PERFTEST = {"latency": ("tag_lat", 0), "bw": ("tag_bw", 2), "put_lat": ("ucp_put_lat", 0),
+             "get_lat": ("ucp_get", 0), "put_bw": ("ucp_put_bw", 2), "get_bw": ("ucp_get", 2),
+             "fadd_lat": ("ucp_fadd", 0), "cas_lat": ("ucp_cswap", 0)}
+
+
+def _start_perftest(suite, ops, size, n, opts, env, note):
+    out = []
+    for op in ops:
+        test, col = _PERFTEST[op]
+        penv = dict(env)
+        if op in ("fadd_lat", "cas_lat") and not os.path.isdir("/sys/class/infiniband"):
+            penv.setdefault("UCX_PROTO_ENABLE", "n")  # as ucxcomm's atomics without RDMA
+        lat = OPS[op][0] == "us"
+        iters = (2000 if opts.quick else 20000) if lat and size <= 65536 else \
+            (20 if opts.quick else 200)
+        got = _perftest.perftest(test, size, iters, penv)
+        if got is None:
+            note(f"ucx_perftest -t {test} -s {size} failed")
+            continue
+        value = got[col]
+        if value <= 0:  # below what it prints (e.g. MB/s with two decimals)
+            note(f"ucx_perftest -t {test} -s {size} printed 0: below its resolution")
+            continue
+        out.append({"impl": "ucx_perftest", "op": op, "size": 8 if op in ("fadd_lat",
+                    "cas_lat") else size, "nranks": 2, "unit": OPS[op][0], "median": value,
+                    "min": value, "max": value, "samples": 1, "test": test})
+    return out
+
+
+def _needs_module(name: str, hint: str) -> Callable[[], str | None]:
+    return lambda: None if importlib.util.find_spec(name) else f"{name} not installed ({hint})"
+
+
+def _mpi_missing() -> str | None:
+    if importlib.util.find_spec("mpi4py") is None or _mpiexec() is None:
+        return "mpi4py/mpiexec not installed (pip install 'ucxcomm[bench]')"
+    return None
+
+
+P2P, RMA, COLL = SUITES["p2p"], SUITES["rma"], SUITES["collectives"]
+IMPLS: dict[str, Impl] = {i.name: i for i in [
+    Impl("ucxcomm", {"p2p": P2P, "rma": RMA, "collectives": COLL}, lambda: None,
+         _under_ucxcomm("ranks_ucxcomm"), peer=False),
+    Impl("ucxx", {"p2p": P2P}, _needs_module("ucxx", "a ucxcomm dependency"),
+         _under_ucxcomm("ranks_ucxx")),
+    Impl("mpi4py", {"p2p": P2P, "rma": RMA, "collectives": COLL}, _mpi_missing, _start_mpi),
+    Impl("gloo", {"p2p": P2P, "collectives": COLL},
+         _needs_module("torch", "pip install torch"), _start_gloo),
+    Impl("perftest", {"p2p": ("latency", "bw"), "rma": RMA},
+         lambda: None if _perftest.executable() else "ucx_perftest not in the libucx wheel",
+         _start_perftest),
+    Impl("asyncio", {"p2p": ("latency", "bw")}, lambda: None, _start_asyncio),
+]}
+#: ``--compare`` names -> the record's ``impl`` (ucx_perftest keeps its own name).
+RECORD_NAME = {"perftest": "ucx_perftest"}
+
+
+# --------------------------------------------------------------------------- the run
+class _Progress:
+    def __init__(self, quiet: bool) -> None:
+        self.quiet, self.tty = quiet, sys.stderr.isatty()
+
+    def show(self, text: str) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            sys.stderr.write("\r\x1b[K" + text)
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def note(self, text: str) -> None:
+        if self.tty and not self.quiet:
+            sys.stderr.write("\r\x1b[K")
+        sys.stderr.write(f"ucxcomm bench: {text}\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.tty and not self.quiet:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def chosen_impls(opts: Options, progress: _Progress) -> list[Impl]:
+    """ucxcomm plus the requested (default: every) peer that can run here; the others
+    are named once on stderr."""
+    names = list(IMPLS) if opts.compare is None else ["ucxcomm", *opts.compare]
+    out = []
+    for name in dict.fromkeys(names):
+        impl = IMPLS[name]
+        why = impl.missing()
+        if why:
+            progress.note(f"skipping {name}: {why}")
+            continue
+        if opts.gpu and impl.name != "ucxcomm":
+            progress.note(f"skipping {name}: --gpu measures ucxcomm on cupy buffers only")
+            continue
+        out.append(impl)
+    return out
+
+
+def run(opts: Options) -> list[dict]:
+    """Run every suite of ``opts``; returns the records (also written/printed/plotted
+    as ``opts`` says)."""
+    progress = _Progress(opts.quiet)
+    impls = chosen_impls(opts, progress)
+    env = _env(opts)
+    sett = settings(opts)
+    records: list[dict] = []
+    for suite in opts.suites:
+        sizes = opts.sizes or (QUICK_SIZES if opts.quick else DEFAULT_SIZES)[suite]
+        n = opts.nranks if suite == "collectives" else 2
+        jobs = [(size, impl, [op for op in impl.ops.get(suite, ()) if applies(op, size, sizes)])
+                for size in sizes for impl in impls]
+        jobs = [j for j in jobs if j[2]]
+        for k, (size, impl, ops) in enumerate(jobs, 1):
+            progress.show(f"[{suite} {k}/{len(jobs)}] {size_label(size)}: {impl.name} "
+                          f"({', '.join(ops)})")
+
+            def note(text: str, impl: Impl = impl, size: int = size, suite: str = suite
+                     ) -> None:
+                progress.note(f"{suite} {impl.name} {size_label(size)}: {text}")
+
+            for rec in impl.start(suite, ops, size, n, opts, env, note):
+                rec.update(suite=suite, settings=sett)
+                records.append(rec)
+    progress.done()
+    if opts.json_out:
+        with open(opts.json_out, "w") as f:
+            for rec in records:
+                f.write(json.dumps(rec) + "\n")
+    return records
+
+
+# --------------------------------------------------------------------------- the report
+def _speedup(ours: dict, theirs: dict) -> float:
+    """How many times better ucxcomm is (> 1: ucxcomm faster)."""
+    if ours["unit"] == "us":
+        return theirs["median"] / ours["median"]
+    return ours["median"] / theirs["median"]
+
+
+def table(records: list[dict]) -> str:
+    """Per suite and op: medians per implementation and size, then ucxcomm's speedup
+    over each peer (x > 1: ucxcomm is that many times faster)."""
+    lines = []
+    for suite in SUITES:
+        for op in SUITES[suite]:
+            rows = [r for r in records if r.get("suite") == suite and r["op"] == op]
+            if not rows:
+                continue
+            unit, what = OPS[op]
+            impls = list(dict.fromkeys(r["impl"] for r in rows))
+            ours = next((i for i in impls if i.startswith("ucxcomm")), None)
+            peers = [i for i in impls if i != ours]
+            nr = rows[0]["nranks"]
+            lines.append(f"\n{suite} {op} [{unit}], {nr} ranks: {what}")
+            if unit == "us" and suite == "collectives":
+                lines.append("  (busbw GB/s in the JSON; nccl-tests formulas)")
+            head = f"{'size':>8}" + "".join(f"{i:>14}" for i in impls)
+            head += "".join(f"{'x ' + p:>16}" for p in peers) if ours else ""
+            lines.append(head)
+            cell = {(r["impl"], r["size"]): r for r in rows}
+            for size in sorted({r["size"] for r in rows}):
+                line = f"{size_label(size):>8}"
+                for i in impls:
+                    r = cell.get((i, size))
+                    line += f"{r['median']:>14.3f}" if r else f"{'-':>14}"
+                for p in peers if ours else ():
+                    a, b = cell.get((ours, size)), cell.get((p, size))
+                    if a and b and a["median"] > 0 and b["median"] > 0:
+                        line += f"{_speedup(a, b):>16.2f}"
+                    else:
+                        line += f"{'-':>16}"
+                lines.append(line)
+    if records:
+        sett = records[0]["settings"]
+        lines.append("\nsettings: " + "; ".join(f"{k}={v}" for k, v in sett.items()))
+        lines.append("x = ucxcomm's speedup over that peer (> 1: ucxcomm faster); "
+                     "ucx_perftest is a reference, not a ceiling (its window and "
+                     "progress differ)")
+    return "\n".join(lines)
+
+
+def plot(records: list[dict], path: str) -> None:
+    """Latency/time and bandwidth vs size, log axes, one line per implementation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(s, op) for s in SUITES for op in SUITES[s]
+              if sum(1 for r in records if r.get("suite") == s and r["op"] == op)]
+    if not panels:
+        raise ValueError("nothing to plot: no records")
+    cols = min(3, len(panels))
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    for ax, (suite, op) in zip(axes.flat, panels, strict=False):
+        data = [r for r in records if r.get("suite") == suite and r["op"] == op]
+        for impl in dict.fromkeys(r["impl"] for r in data):
+            pts = sorted((r["size"], r["median"]) for r in data if r["impl"] == impl)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl,
+                    linewidth=2.2 if impl.startswith("ucxcomm") else 1.2)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{suite}: {op}")
+        ax.set_xlabel("bytes")
+        ax.set_ylabel(OPS[op][0])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,57 @@
+"""``ucx_perftest`` (shipped in the ``libucx`` wheel) as a reference: one client/server
+pair on loopback per measurement."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+__all__ = ["executable", "free_port", "perftest"]
+
+
+def executable() -> Path | None:
+    """The wheel's ``ucx_perftest``, or None."""
+    try:
+        import libucx
+    except ImportError:
+        return None
+    exe = Path(libucx.__file__).parent / "bin" / "ucx_perftest"
+    return exe if exe.exists() else None
+
+
+def free_port() -> int:
+    """A TCP port on loopback that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def perftest(test: str, size: int, iters: int, env: dict,
+             timeout: float = 300) -> tuple[float, float, float] | None:
+    """``(latency median us, latency average us, bandwidth GB/s)`` of one ``ucx_perftest
+    -t test`` client/server pair on loopback, or None when it is missing or failed."""
+    exe = executable()
+    if exe is None:
+        return None
+    env = dict(env, LD_LIBRARY_PATH=str(exe.parent.parent / "lib"))
+    port = free_port()
+    server = subprocess.Popen([str(exe), "-p", str(port)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        for _attempt in range(100):  # until the server listens (it says so only buffered)
+            proc = subprocess.run([str(exe), "127.0.0.1", "-p", str(port), "-t", test, "-s",
+                                   str(size), "-n", str(iters)], capture_output=True,
+                                  text=True, env=env, timeout=timeout)
+            if proc.returncode == 0 or server.poll() is not None:
+                break
+            time.sleep(0.05)
+    finally:
+        server.kill()
+        server.wait()
+    final = [ln for ln in proc.stdout.splitlines() if ln.startswith("Final:")]
+    if proc.returncode != 0 or not final:
+        return None
+    cols = final[0].split()
+    return float(cols[2]), float(cols[3]), float(cols[5]) * (1 << 20) / 1e9
