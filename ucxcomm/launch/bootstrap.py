@@ -392,11 +392,14 @@ def init(*, rank: int | None = None, size: int | None = None, store: str | None 
     UnsupportedError
         ``transport="rdma"`` or ``tag_offload=True`` where that is not available.
     ValueError
-        An unknown ``transport`` or malformed ``tag_offload`` (argument or variable).
+        An unknown ``transport`` or malformed ``tag_offload`` (argument or variable), or
+        a ``UCXCOMM_UCX`` that names no UCX (docs/transports.md).
     """
     from ..transport.config import policy_from
+    from ..transport.library import requested
 
     policy = policy_from(transport, tag_offload, devices)  # ValueError at the call
+    requested()  # UCXCOMM_UCX: ValueError at the call too
     return _Init(dict(rank=rank, size=size, store=store, timeout=timeout,
                       ucx_config=ucx_config, policy=policy))
 

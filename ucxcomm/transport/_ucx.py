@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ClosedError, PeerFailure, TruncationError, UcxCommError
+from .library import UcxLibrary, load_chosen
+from .library import choose as choose_library
 
 __all__ = [
     "STATUS_ERRORS",
@@ -29,6 +31,7 @@ __all__ = [
     "endpoint_from_conn_request",
     "endpoint_from_host",
     "endpoint_transports",
+    "library",
     "libucp_path",
     "load",
     "status_error",
@@ -61,20 +64,34 @@ _by_status: dict[int, tuple[str, type[UcxCommError]]] = {}
 ucp: Any = None
 #: UCX constants by name (``const["UCP_ATOMIC_OP_ADD"]``), set by :func:`load`.
 const: dict[str, int] = {}
+#: Which UCX was loaded and why (``UCXCOMM_UCX``), set by :func:`load`.
+library: UcxLibrary | None = None
+_handles: list[Any] = []  # the chosen UCX's libraries, kept loaded
 
 
 def load() -> Any:
-    """Import ucxx (which loads libucp) and then the compiled extension bound to it.
+    """Load the UCX that ``UCXCOMM_UCX`` chooses (:mod:`.library`), import ucxx bound to
+    it, and then the compiled extension.
 
     This happens when the first worker is created, never at ``import ucxcomm``.
     Importing ucxx exports a few ``UCX_*`` defaults of its own; :func:`_restore_ucx_env`
     undoes them. Returns the ucxx low-level module.
+
+    Raises
+    ------
+    ValueError
+        A malformed ``UCXCOMM_UCX``.
+    UnsupportedError
+        The UCX it names is missing, does not load, or is older than ucxx accepts.
     """
-    global _lib, ucp
+    global _lib, ucp, library
     if _lib is not None:
         return _lib
+    choice = choose_library()
+    _handles.extend(load_chosen(choice))
     before = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
-    import ucxx._lib.libucxx as libucxx
+    libucxx = _import_ucxx(wheel_loader=choice.libucp is None)
+    library = choice
 
     _restore_ucx_env(before)
     # Only after ucxx loaded libucp: the extension resolves libucp.so.0 by soname.
@@ -87,6 +104,29 @@ def load() -> Any:
         _by_status[const[name]] = (name, exc)
     _lib = libucxx
     return _lib
+
+
+def _import_ucxx(wheel_loader: bool) -> Any:
+    """``import ucxx._lib.libucxx``; unless ``wheel_loader``, with the ``libucx`` wheel's
+    ``load_library()`` kept from loading its own UCX next to the one already loaded (two
+    copies in one process break: see :mod:`.library`)."""
+    if wheel_loader:
+        import ucxx._lib.libucxx as libucxx
+
+        return libucxx
+    try:
+        import libucx
+    except ModuleNotFoundError:  # no wheel: ucxx finds libucp by soname, ours
+        libucx = None
+    saved = getattr(libucx, "load_library", None)
+    if libucx is not None:
+        libucx.load_library = lambda: []
+    try:
+        import ucxx._lib.libucxx as libucxx
+    finally:
+        if libucx is not None:
+            libucx.load_library = saved
+    return libucxx
 
 
 def _restore_ucx_env(before: dict[str, str]) -> None:
