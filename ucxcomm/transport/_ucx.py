@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ClosedError, PeerFailure, TruncationError, UcxCommError
@@ -27,6 +28,7 @@ __all__ = [
     "create_context",
     "create_listener",
     "create_worker",
+    "creating_context",
     "endpoint_from_address",
     "endpoint_from_conn_request",
     "endpoint_from_host",
@@ -213,13 +215,42 @@ def _call(fn: Callable[..., Any], *args: Any, peer: Any = None, what: str) -> An
 
 
 # ------------------------------------------------------------------ objects
+#: What UCX 1.19/1.20 say at every ``ucp_init`` from code built against 1.21's headers
+#: (ucxx and our extension are): "UCP API version is incompatible: required >= 1.21,
+#: actual 1.20.1". The context is created all the same, on the older API.
+_API_WARNING = "UCP API version is incompatible"
+_api_noted = False
+
+
+@contextmanager
+def creating_context(what: str) -> Iterator[None]:
+    """Around a ``ucp_init`` (ucxx's context, an RMA engine's): UCX's warnings go to this
+    module's log instead of stdout, its API-version warning once, at info level, since
+    ``UCXCOMM_UCX`` may choose a UCX older than the headers we were built with
+    (docs/transports.md)."""
+    global _api_noted
+    load()
+    ucp.log_quiet_push()
+    try:
+        yield
+    finally:
+        for line in ucp.log_quiet_pop():
+            if _API_WARNING not in line:
+                log.warning("%s: UCX: %s", what, line)
+            elif not _api_noted:
+                _api_noted = True
+                log.info("UCX %s is older than the API ucxx and ucxcomm were built "
+                         "against; UCX says: %s", ucp.version_string(), line)
+
+
 def create_context(config: dict[str, str] | None = None) -> Any:
     """A UCP context with TAG, STREAM, RMA, AMO32, AMO64, AM and WAKEUP features."""
     ucxx = load()
     f = ucxx.Feature
     features = (f.TAG, f.STREAM, f.RMA, f.AMO32, f.AMO64, f.AM, f.WAKEUP)
-    return _call(lambda: ucxx.UCXContext(dict(config or {}), feature_flags=features),
-                 what="creating the UCX context")
+    with creating_context("creating the UCX context"):
+        return _call(lambda: ucxx.UCXContext(dict(config or {}), feature_flags=features),
+                     what="creating the UCX context")
 
 
 def create_worker(context: Any) -> Any:

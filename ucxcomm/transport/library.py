@@ -350,6 +350,10 @@ def load_chosen(choice: UcxLibrary) -> list[ctypes.CDLL]:
     try:
         handle = ctypes.CDLL(choice.libucp, ctypes.RTLD_LOCAL)
     except OSError as exc:
+        if choice.source == "system":
+            raise UnsupportedError(f"{label}: no loadable libucp.so.0 on the dynamic "
+                                   "loader's path (LD_LIBRARY_PATH as set when the process "
+                                   f"started, /etc/ld.so.cache): {exc}") from None
         raise UnsupportedError(f"{label}: cannot load UCX ({exc}); if its libraries are "
                                "not found, start the process with LD_LIBRARY_PATH set to "
                                "their directory") from None
