@@ -18,7 +18,7 @@ if [ ! -f "$stamp" ] || [ -n "$newer" ] || \
    ! compgen -G "$ROOT/ucxcomm/transport/_ucp*.so" > /dev/null; then
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
   UCXCOMM_WERROR=1 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-    -e "$ROOT[test]"
+    -e "${ROOT}[test]"
   touch "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"

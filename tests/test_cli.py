@@ -26,7 +26,7 @@ def test_info_json():
         assert report["rdma_devices"] == [] and report["rdma"] is False
         assert report["rdma_why"].startswith("no RDMA device under /sys/class/infiniband")
     if not report["verbs"]:
-        assert "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY" in report["verbs_why"]
+        assert "UCXCOMM_UCX" in report["verbs_why"]
 
 
 def test_help_is_for_users():

@@ -149,7 +149,7 @@ def test_pypi_wheel_ucx_means_no_rdma(tmp_path):
     p = tc.plan(tc.policy_from(env={}), det, env={})
     assert not p.rdma and not p.tag_offload
     assert p.no_rdma == ["the loaded UCX has no verbs support"]
-    with pytest.raises(UnsupportedError, match="RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"):
+    with pytest.raises(UnsupportedError, match="UCXCOMM_UCX"):
         tc.plan(tc.policy_from("rdma", env={}), det, env={})
 
 
@@ -228,7 +228,7 @@ def test_info_says_no_rdma_and_why():
     assert report["rdma_why"].startswith("no RDMA device under /sys/class/infiniband")
     assert report["tag_offload"] is False and "needs RDMA" in report["tag_offload_why"]
     if not report["verbs"]:
-        assert "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY" in report["verbs_why"]
+        assert "UCXCOMM_UCX" in report["verbs_why"]
     assert report["transport"] == "auto" and report["ucx_resources"]
     tcp = json.loads(_cli("info", "--json", "--transport", "tcp").stdout)
     assert tcp["UCX_TLS"] == "tcp,sm,self" and tcp["tag_offload"] is False

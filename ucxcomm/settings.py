@@ -74,6 +74,15 @@ def _bool_or_auto(text: str) -> Any:
     raise ValueError("must be auto, yes or no")
 
 
+def _ucx_library(text: str) -> str:
+    value = text.strip()
+    if value.lower() in ("auto", "wheel", "system", "mpich"):
+        return value.lower()
+    if value.startswith(("/", ".", "~")):
+        return value
+    raise ValueError("must be auto, wheel, system, mpich or the path of a UCX install")
+
+
 def _devices(text: str) -> list[str] | None:
     return [d.strip() for d in text.split(",") if d.strip()] or None
 
@@ -98,6 +107,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "hardware tag matching on capable mlx5 devices (auto, yes, no)"),
     Setting("UCXCOMM_DEVICES", _devices, None,
             "comma-separated UCX network devices (UCX_NET_DEVICES), e.g. mlx5_0:1"),
+    Setting("UCXCOMM_UCX", _ucx_library, "auto",
+            "the UCX library to load: auto (a verbs-capable UCX that pip installed when an "
+            "RDMA port is active and the wheel's has no verbs), wheel, system, mpich (the "
+            "rdma extra's) or a path (libucp file, its directory or prefix)"),
     Setting("UCXCOMM_TM_THRESH", _nonneg_int, None,
             "bytes: UCX_TM_THRESH when tag offload is on"),
     Setting("UCXCOMM_TM_MAX_BB_SIZE", _nonneg_int, None,

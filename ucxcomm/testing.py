@@ -12,7 +12,7 @@ from typing import Any
 
 import ucxcomm
 
-__all__ = ["LAUNCHER_VARS", "OVER_TCP", "Cases", "clean_env", "launch", "run_case",
+__all__ = ["KEPT_VARS", "LAUNCHER_VARS", "OVER_TCP", "Cases", "clean_env", "launch", "run_case",
            "run_ranks"]
 
 #: Prefixes of the environment variables through which a launcher (ours, torchrun, Slurm,
@@ -33,6 +33,11 @@ _TAIL = 6000  # characters of a failed job's output that an assertion message sh
 OVER_TCP = {"UCX_TLS": "tcp,self", "UCXCOMM_TRANSPORT": "auto"}
 
 
+#: ``UCXCOMM_*`` variables that :func:`clean_env` keeps: they say which UCX to load, not
+#: where a rank stands, and every rank of a test must load the UCX the suite runs with.
+KEPT_VARS: tuple[str, ...] = ("UCXCOMM_UCX",)
+
+
 def clean_env() -> dict[str, str]:
     """This process's environment without any launcher's variables.
 
@@ -40,9 +45,11 @@ def clean_env() -> dict[str, str]:
     -------
     dict of str to str
         A copy of ``os.environ`` less every variable whose name starts with one of
-        :data:`LAUNCHER_VARS`, so that a child forms its world only from what it is given.
+        :data:`LAUNCHER_VARS` (except :data:`KEPT_VARS`), so that a child forms its
+        world only from what it is given.
     """
-    return {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
+    return {k: v for k, v in os.environ.items()
+            if k in KEPT_VARS or not k.startswith(LAUNCHER_VARS)}
 
 
 def launch(nranks: int, argv: Sequence[str], *, timeout: float = 90.0,

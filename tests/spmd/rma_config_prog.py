@@ -18,7 +18,9 @@ import ucxcomm
 
 
 async def main(mode: str) -> None:
-    kwargs = {"ucx_config": {"ucx_config": {"TLS": "tcp,self"}},
+    # ucx_config over TCP under transport "auto" whatever the suite exports: an inherited
+    # UCXCOMM_TRANSPORT=rdma refuses a TCP-only peer (as ucxcomm.testing.OVER_TCP says).
+    kwargs = {"ucx_config": {"ucx_config": {"TLS": "tcp,self"}, "transport": "auto"},
               "tcp": {"transport": "tcp"}, "default": {}}[mode]
     comm = await ucxcomm.init(**kwargs)
     win = await ucxcomm.Win.Allocate(comm, 64, disp_unit=8)

@@ -390,13 +390,17 @@ def init(*, rank: int | None = None, size: int | None = None, store: str | None 
     CommTimeoutError
         The world did not form within ``timeout``.
     UnsupportedError
-        ``transport="rdma"`` or ``tag_offload=True`` where that is not available.
+        ``transport="rdma"`` or ``tag_offload=True`` where that is not available, or the
+        UCX that ``UCXCOMM_UCX`` names is missing, does not load or is older than 1.19.
     ValueError
-        An unknown ``transport`` or malformed ``tag_offload`` (argument or variable).
+        An unknown ``transport`` or malformed ``tag_offload`` (argument or variable), or
+        a ``UCXCOMM_UCX`` that names no UCX (docs/transports.md).
     """
     from ..transport.config import policy_from
+    from ..transport.library import requested
 
     policy = policy_from(transport, tag_offload, devices)  # ValueError at the call
+    requested()  # UCXCOMM_UCX: ValueError at the call too
     return _Init(dict(rank=rank, size=size, store=store, timeout=timeout,
                       ucx_config=ucx_config, policy=policy))
 

@@ -13,10 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ClosedError, PeerFailure, TruncationError, UcxCommError
+from .library import UcxLibrary, load_chosen
+from .library import choose as choose_library
 
 __all__ = [
     "STATUS_ERRORS",
@@ -25,10 +28,12 @@ __all__ = [
     "create_context",
     "create_listener",
     "create_worker",
+    "creating_context",
     "endpoint_from_address",
     "endpoint_from_conn_request",
     "endpoint_from_host",
     "endpoint_transports",
+    "library",
     "libucp_path",
     "load",
     "status_error",
@@ -61,20 +66,34 @@ _by_status: dict[int, tuple[str, type[UcxCommError]]] = {}
 ucp: Any = None
 #: UCX constants by name (``const["UCP_ATOMIC_OP_ADD"]``), set by :func:`load`.
 const: dict[str, int] = {}
+#: Which UCX was loaded and why (``UCXCOMM_UCX``), set by :func:`load`.
+library: UcxLibrary | None = None
+_handles: list[Any] = []  # the chosen UCX's libraries, kept loaded
 
 
 def load() -> Any:
-    """Import ucxx (which loads libucp) and then the compiled extension bound to it.
+    """Load the UCX that ``UCXCOMM_UCX`` chooses (:mod:`.library`), import ucxx bound to
+    it, and then the compiled extension.
 
     This happens when the first worker is created, never at ``import ucxcomm``.
     Importing ucxx exports a few ``UCX_*`` defaults of its own; :func:`_restore_ucx_env`
     undoes them. Returns the ucxx low-level module.
+
+    Raises
+    ------
+    ValueError
+        A malformed ``UCXCOMM_UCX``.
+    UnsupportedError
+        The UCX it names is missing, does not load, or is older than ucxx accepts.
     """
-    global _lib, ucp
+    global _lib, ucp, library
     if _lib is not None:
         return _lib
+    choice = choose_library()
+    _handles.extend(load_chosen(choice))
     before = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
-    import ucxx._lib.libucxx as libucxx
+    libucxx = _import_ucxx(wheel_loader=choice.libucp is None)
+    library = choice
 
     _restore_ucx_env(before)
     # Only after ucxx loaded libucp: the extension resolves libucp.so.0 by soname.
@@ -87,6 +106,29 @@ def load() -> Any:
         _by_status[const[name]] = (name, exc)
     _lib = libucxx
     return _lib
+
+
+def _import_ucxx(wheel_loader: bool) -> Any:
+    """``import ucxx._lib.libucxx``; unless ``wheel_loader``, with the ``libucx`` wheel's
+    ``load_library()`` kept from loading its own UCX next to the one already loaded (two
+    copies in one process break: see :mod:`.library`)."""
+    if wheel_loader:
+        import ucxx._lib.libucxx as libucxx
+
+        return libucxx
+    try:
+        import libucx
+    except ModuleNotFoundError:  # no wheel: ucxx finds libucp by soname, ours
+        libucx = None
+    saved = getattr(libucx, "load_library", None)
+    if libucx is not None:
+        libucx.load_library = lambda: []
+    try:
+        import ucxx._lib.libucxx as libucxx
+    finally:
+        if libucx is not None:
+            libucx.load_library = saved
+    return libucxx
 
 
 def _restore_ucx_env(before: dict[str, str]) -> None:
@@ -173,13 +215,42 @@ def _call(fn: Callable[..., Any], *args: Any, peer: Any = None, what: str) -> An
 
 
 # ------------------------------------------------------------------ objects
+#: What UCX 1.19/1.20 say at every ``ucp_init`` from code built against 1.21's headers
+#: (ucxx and our extension are): "UCP API version is incompatible: required >= 1.21,
+#: actual 1.20.1". The context is created all the same, on the older API.
+_API_WARNING = "UCP API version is incompatible"
+_api_noted = False
+
+
+@contextmanager
+def creating_context(what: str) -> Iterator[None]:
+    """Around a ``ucp_init`` (ucxx's context, an RMA engine's): UCX's warnings go to this
+    module's log instead of stdout, its API-version warning once, at info level, since
+    ``UCXCOMM_UCX`` may choose a UCX older than the headers we were built with
+    (docs/transports.md)."""
+    global _api_noted
+    load()
+    ucp.log_quiet_push()
+    try:
+        yield
+    finally:
+        for line in ucp.log_quiet_pop():
+            if _API_WARNING not in line:
+                log.warning("%s: UCX: %s", what, line)
+            elif not _api_noted:
+                _api_noted = True
+                log.info("UCX %s is older than the API ucxx and ucxcomm were built "
+                         "against; UCX says: %s", ucp.version_string(), line)
+
+
 def create_context(config: dict[str, str] | None = None) -> Any:
     """A UCP context with TAG, STREAM, RMA, AMO32, AMO64, AM and WAKEUP features."""
     ucxx = load()
     f = ucxx.Feature
     features = (f.TAG, f.STREAM, f.RMA, f.AMO32, f.AMO64, f.AM, f.WAKEUP)
-    return _call(lambda: ucxx.UCXContext(dict(config or {}), feature_flags=features),
-                 what="creating the UCX context")
+    with creating_context("creating the UCX context"):
+        return _call(lambda: ucxx.UCXContext(dict(config or {}), feature_flags=features),
+                     what="creating the UCX context")
 
 
 def create_worker(context: Any) -> Any:

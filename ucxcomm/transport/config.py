@@ -50,9 +50,10 @@ _NO_TM_HCA = {"MT4113": "Connect-IB", "MT4114": "Connect-IB VF", "MT4115": "Conn
 
 _NO_VERBS_HINT = ("the loaded UCX has no verbs support (no libuct_ib module next to "
                   "{libucp}); the PyPI libucx wheels are built without verbs/rdmacm. Load "
-                  "a UCX built with verbs instead: install it (distribution package, "
-                  "conda-forge 'ucx', or docker/Dockerfile) and set "
-                  "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY=true so ucxx loads it")
+                  "a UCX built with verbs instead: pip install 'ucxcomm[rdma]' (then "
+                  "UCXCOMM_UCX=auto picks its UCX where an RDMA port is active; "
+                  "UCXCOMM_UCX=mpich forces it), or UCXCOMM_UCX=system or a path for a "
+                  "distribution, conda-forge or HPC-X UCX (docs/transports.md)")
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,8 @@ class RmaEngine:
         self.options = dict(options)
         self.proto_v1 = self.options.get("PROTO_ENABLE", "").lower() in ("n", "no", "0")
         spin_s = settings.get("UCXCOMM_RMA_SPIN_US") * 1e-6
-        st, handle, err = ucp.rma_create(self.options, spin_s)
+        with _ucx.creating_context("creating the RMA engine"):
+            st, handle, err = ucp.rma_create(self.options, spin_s)
         if st != 0:
             raise _ucx.status_error(st, what=f"creating the RMA engine ({err})")
         self.handle: int = handle
