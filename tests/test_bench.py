@@ -56,7 +56,9 @@ def test_rma_and_collectives_over_tcp(tmp_path):
     proc = bench("rma", "--quick", "--sizes", "8,64K", "--compare", "perftest",
                  "--transport", "tcp", "--json", str(out), "--quiet")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stderr.strip() == "", proc.stderr  # --quiet: nothing but problems
+    # --quiet: no progress display; only notes (e.g. a peer that failed) may remain
+    assert all(ln.startswith("ucxcomm bench: ") for ln in proc.stderr.splitlines()), \
+        proc.stderr
     recs = records(out)
     ours = {(r["op"], r["size"]) for r in recs if r["impl"] == "ucxcomm"}
     want = {(op, s) for op in SUITES["rma"] for s in (8, 65536) if applies(op, s, [8, 65536])}
