@@ -44,6 +44,17 @@ def default_worker() -> Worker:
     return worker
 
 
+def _check_args(port: Any, timeout: Any, lowest: int, what: str) -> None:
+    """Bad ``port``/``timeout`` arguments raise at the call, before any I/O."""
+    if isinstance(port, bool) or not isinstance(port, int) or not lowest <= port <= 65535:
+        raise ValueError(f"{what}: port must be an int in [{lowest}, 65535], got {port!r}")
+    if timeout is not None and (isinstance(timeout, bool)
+                                or not isinstance(timeout, (int, float))
+                                or not 0 < timeout < float("inf")):
+        raise ValueError(f"{what}: timeout must be a number of seconds > 0 or None, got "
+                         f"{timeout!r}")
+
+
 def _new_namespace(worker: Worker) -> int:
     taken = worker.__dict__.setdefault("_namespaces", set())
     while True:
@@ -179,9 +190,12 @@ async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *
 
     Raises
     ------
+    ValueError
+        ``port`` is not in [0, 65535], or a bad ``timeout`` (the handshake's deadline).
     UcxCommError
         The port cannot be bound.
     """
+    _check_args(port, timeout, 0, "listen")
     return Listener(worker or default_worker(), handler, port, timeout)
 
 
@@ -191,13 +205,22 @@ async def connect(host: str, port: int, *, worker: Worker | None = None,
 
     Raises
     ------
+    TypeError, ValueError
+        ``host`` is not a non-empty string, ``port`` not in [1, 65535], or a bad
+        ``timeout`` (before any I/O).
     CommTimeoutError
         Not established within ``timeout`` seconds.
     PeerFailure
-        The peer refused or is unreachable.
+        Nothing accepted the connection (refused: nobody listens there, or a listener
+        that was closed), or the host is unreachable.
+    UcxCommError
+        ``host`` is not a valid address or resolvable name.
     ClosedError
         ``worker`` is closed.
     """
+    if not isinstance(host, str) or not host:
+        raise TypeError(f"connect: host must be a non-empty str, got {host!r}")
+    _check_args(port, timeout, 1, "connect")
     worker = worker or default_worker()
     if worker.closed:
         raise ClosedError("the worker is closed")
@@ -205,4 +228,6 @@ async def connect(host: str, port: int, *, worker: Worker | None = None,
     try:
         return await _handshake(worker, ucx_ep, timeout)
     except PeerFailure as exc:
-        raise PeerFailure(f"cannot connect to {host}:{port}: {exc}") from exc
+        reason = str(exc.__cause__ or exc)
+        raise PeerFailure(f"cannot connect to {host}:{port}: refused or unreachable "
+                          f"(nothing listening there?): {reason}") from exc
