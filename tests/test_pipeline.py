@@ -436,3 +436,39 @@ async def test_gpu_stream_device_to_device():
                 n += 1
         assert n == 5
         await ep.close()
+
+
+# ------------------------------------------------------------------- example
+async def test_example_pipeline_runs():
+    """examples/pipeline/: the producer and the consumer (separate processes) agree on
+    every batch; the consumer prints its throughput."""
+    ex = ROOT / "examples" / "pipeline"
+    producer = await asyncio.create_subprocess_exec(
+        sys.executable, str(ex / "producer.py"), "--port", "0", "--batches", "30", "--mib",
+        "1", cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL)
+    consumer = None
+    try:
+        port = (await line_starting(producer, "producer listening on port", 60)).strip()
+        consumer = await asyncio.create_subprocess_exec(
+            sys.executable, str(ex / "consumer.py"), "--port", port, cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL)
+        out, err = await asyncio.wait_for(consumer.communicate(), 60)
+        assert consumer.returncode == 0, err.decode()[-3000:]
+        assert "30 batches, 30 MiB" in out.decode() and "GB/s" in out.decode()
+        assert await asyncio.wait_for(producer.wait(), 30) == 0
+    finally:
+        kill(producer, *([consumer] if consumer else []))
+
+
+async def test_listener_close_is_awaitable_and_idempotent():
+    """Issue 12, defect 1 (``await listener.close()`` raised TypeError: close was
+    synchronous); also covered, with defect 2, by test_listener.py's close test."""
+    async def handler(ep):
+        pass
+
+    lst = await listen(handler)
+    await lst.close()
+    await lst.close()
+    lst.abort()
