@@ -45,12 +45,12 @@ async def produce(port: int, client: int, count: int, nbytes: int, delay: float)
     await ep.close()
 
 
-async def backpressure_producer(port: int, count: int, nbytes: int) -> None:
-    """Send ``count`` batches as fast as the stream lets us; report the time each send
-    returned and the RSS along the way."""
+async def backpressure_producer(port: int, count: int, nbytes: int, pieces: int) -> None:
+    """Send ``count`` batches of ``pieces`` arrays of ``nbytes`` in all, as fast as the
+    stream lets us; report the time each send returned and the RSS along the way."""
     ep = await connect("127.0.0.1", port, timeout=30)
-    buf = np.ones(nbytes, np.uint8)
-    sent, rss = [], []
+    buf = [np.ones(nbytes // pieces, np.uint8) for _ in range(pieces)]
+    sent, rss = [], [rss_kib()]  # connected, nothing sent yet
     async with ep.stream_writer() as tx:
         for k in range(count):
             await tx.send(buf, meta=k)
@@ -69,13 +69,13 @@ async def backpressure_consumer(count: int, window: int, work_s: float) -> None:
     done = asyncio.get_running_loop().create_future()
 
     async def handler(ep):
-        released, rss = [], []
+        released, rss = [], [rss_kib()]  # connected, nothing received yet
         async with ep.stream_reader(window=window) as rx:
             async for batch in rx:
                 with batch:
                     assert batch.meta == batch.seq and batch[0].nbytes > 0
                     await asyncio.sleep(work_s)  # the consumer's work
-                released.append(time.monotonic())
+                    released.append(time.monotonic())  # (just before the release)
                 if batch.seq % 50 == 0:
                     rss.append(rss_kib())
         rss.append(rss_kib())
