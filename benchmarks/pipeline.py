@@ -7,12 +7,18 @@ progress modes and asyncio TCP streams, measured in the same run.
 For each implementation the driver starts a consumer (it listens) and a producer (it
 connects); per batch size the producer sends ``count`` batches, the consumer answers one
 byte after the last, and the producer records GB/s from its first send to that answer
-(``reps`` samples; median, min, max). Consumers receive into reused memory (ucxcomm: its
-stream's buffer pool; ucxx: one preallocated array; asyncio: ``readexactly``, which
-allocates). ucxcomm sends a small header per batch (dtype, shape), the raw baselines send
-the data only. Endpoints from a listener use UCX peer error handling on both ucxcomm and
-ucxx (TCP here, no shared memory). Reported ratios: ucxcomm over the fastest ucxx mode
-and over asyncio, per size.
+(``--reps`` samples of about ``--volume`` MiB each; median, min, max). Consumers receive
+into reused memory (ucxcomm: its stream's buffer pool; ucxx: one preallocated array;
+asyncio: ``readexactly``, which allocates). ucxcomm sends a small header per batch
+(dtype, shape) and credits back; the raw baselines send the data only, one message in
+flight at a time (``await ep.send`` per message, as a ucxx user writes it).
+
+Transports: raw ucxx endpoints from a listener have UCX peer error handling, which keeps
+UCX on TCP; ucxcomm connections between processes of one host carry their messages over
+a second endpoint from the peer's worker address (shared memory, CMA) and keep the
+socket-address endpoint for failure detection (docs/pipelines.md). ``--tcp`` sets
+``UCX_TLS=tcp,self`` for everyone. Reported ratios: ucxcomm over the fastest ucxx
+progress mode and over asyncio, per size.
 """
 
 from __future__ import annotations
@@ -42,11 +48,10 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
-def schedule_for(sizes: list[int], quick: bool) -> str:
-    """``size:count:reps,...``: about 512 MiB per sample (16 MiB with --quick)."""
-    volume, reps = (16 << 20, 2) if quick else (512 << 20, 5)
-    return ",".join(f"{s}:{max(4 if not quick else 2, min(4096, volume // s))}:{reps}"
-                    for s in sizes)
+def schedule_for(sizes: list[int], volume: int, reps: int) -> str:
+    """``size:count:reps,...``: ``count`` batches of each size make about ``volume``
+    bytes per sample (at least 2, at most 4096 batches)."""
+    return ",".join(f"{s}:{max(2, min(4096, volume // s))}:{reps}" for s in sizes)
 
 
 # ----------------------------------------------------------------- ucxcomm roles
@@ -165,6 +170,10 @@ def main() -> int:
     p.add_argument("--sizes", default=None, help=f"batch sizes (default {DEFAULT_SIZES})")
     p.add_argument("--impls", default=",".join(IMPLS), help="which implementations")
     p.add_argument("--window", type=int, default=8, help="ucxcomm stream window")
+    p.add_argument("--volume", type=int, default=None,
+                   help="MiB per sample (default 256; 16 with --quick)")
+    p.add_argument("--reps", type=int, default=None,
+                   help="samples per size (default 5; 2 with --quick)")
     p.add_argument("--tcp", action="store_true", help="UCX_TLS=tcp,self")
     p.add_argument("--out", help="append JSON lines to this file")
     p.add_argument("--role", choices=("consumer", "producer"), help=argparse.SUPPRESS)
@@ -179,7 +188,8 @@ def main() -> int:
         return 0
     sizes_text = args.sizes or ("64K,1M" if args.quick else DEFAULT_SIZES)
     sizes = [parse_size(s) for s in sizes_text.split(",")]
-    schedule = schedule_for(sizes, args.quick)
+    volume = (args.volume or (16 if args.quick else 256)) << 20
+    schedule = schedule_for(sizes, volume, args.reps or (2 if args.quick else 5))
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(tuple(_driver.LAUNCHER_VARS))}
     if args.tcp:

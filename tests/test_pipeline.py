@@ -253,6 +253,29 @@ async def test_consumer_holding_the_window_gets_an_error_not_a_hang():
         await ep.close()
 
 
+async def test_cancelled_wait_loses_no_batch():
+    """A consumer's wait for the next batch cancelled (by a timeout) before the batch was
+    sent: the batch is delivered to the next wait, nothing is lost or reordered."""
+    go = asyncio.Event()
+
+    async def handler(ep):
+        async with ep.stream_writer() as tx:
+            await go.wait()
+            for i in range(3):
+                await tx.send(np.full(1000, i), meta=i)
+
+    async with await listen(handler) as lst:
+        ep = await connect("127.0.0.1", lst.port, timeout=30)
+        async with ep.stream_reader(window=2) as rx:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(anext(rx), 0.2)  # nothing was sent yet
+            go.set()
+            for i in range(3):
+                with await asyncio.wait_for(anext(rx), 30) as batch:
+                    assert batch.meta == i == batch.seq and (batch[0] == i).all()
+        await ep.close()
+
+
 async def test_stream_bad_input():
     async def handler(ep):
         await ep.recv_obj()
