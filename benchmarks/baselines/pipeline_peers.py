@@ -54,6 +54,8 @@ async def ucxx_consumer(mode: str, schedule: list[tuple[int, int, int]]) -> None
     lf = ucxx.create_listener(handler)
     print("PORT", lf.port, flush=True)
     await done
+    for _ in range(3):  # let the handler return and ucxx retire it (else it warns)
+        await asyncio.sleep(0)
     lf.close()
 
 
