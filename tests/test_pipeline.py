@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import sys
@@ -403,6 +404,52 @@ async def test_listen_bad_port():
         await listen(handler, 65536)
 
 
+async def test_streams_between_hosts_use_the_socket_endpoint(monkeypatch):
+    """Peers on different hosts (here: a host identity nobody shares) keep everything on
+    the socket-address endpoint (TCP here); streams and objects work the same."""
+    from ucxcomm.transport import listener as listener_mod
+
+    monkeypatch.setattr(listener_mod, "host_identity", lambda: b"")
+
+    async def handler(ep):
+        async with ep.stream_reader(window=2) as rx, ep.stream_writer() as tx:
+            async for batch in rx:
+                with batch:
+                    await tx.send(batch[0] * 2)
+        await ep.send_obj(ep.transport_info())
+
+    async with await listen(handler) as lst:
+        ep = await connect("127.0.0.1", lst.port, timeout=30)
+        rx = ep.stream_reader(window=2)
+        async with ep.stream_writer() as tx:
+            for i in range(5):
+                await tx.send(np.full(100_000, i, np.int64))
+                with await asyncio.wait_for(anext(rx), 30) as batch:
+                    assert (batch[0] == 2 * i).all()
+        lanes = await asyncio.wait_for(ep.recv_obj(), 30)
+        await rx.close()
+        assert {tl for tl, _ in lanes + ep.transport_info()} <= {"tcp", "self"}, lanes
+        await ep.close()
+
+
+async def test_same_host_connections_use_shared_memory():
+    """Processes on one host: the connection's messages leave TCP (unless UCX_TLS says
+    otherwise)."""
+    if "UCX_TLS" in os.environ:
+        pytest.skip("UCX_TLS restricts the transports")
+
+    async def handler(ep):
+        await ep.send_obj(ep.transport_info())
+        await ep.recv_obj()
+
+    async with await listen(handler) as lst:
+        ep = await connect("127.0.0.1", lst.port, timeout=30)
+        lanes = await asyncio.wait_for(ep.recv_obj(), 30)
+        assert lanes == ep.transport_info() and {tl for tl, _ in lanes} - {"tcp"}, lanes
+        await ep.send_obj("bye")
+        await ep.close()
+
+
 async def test_transport_info_names_lanes():
     async def handler(ep):
         await ep.recv_obj()
@@ -483,6 +530,8 @@ async def test_example_pipeline_runs():
         out, err = await asyncio.wait_for(consumer.communicate(), 60)
         assert consumer.returncode == 0, err.decode()[-3000:]
         assert "30 batches, 30 MiB" in out.decode() and "GB/s" in out.decode()
+        if "UCX_TLS" not in os.environ:  # two processes, one host: shared memory / CMA
+            assert "'memory')" in out.decode().splitlines()[0], out.decode()
         assert await asyncio.wait_for(producer.wait(), 30) == 0
     finally:
         kill(producer, *([consumer] if consumer else []))
