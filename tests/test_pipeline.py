@@ -180,6 +180,8 @@ async def test_killed_client_fails_only_its_connection():
         except PeerFailure as exc:
             outcome[client] = exc
             failed.set()
+        finally:
+            await ep.close()  # (also to a dead peer: must not hang)
 
     async with await listen(handler) as lst:
         victim = await start("produce", lst.port, 0, 10**6, 1 << 20, 0.01)
