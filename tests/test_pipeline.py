@@ -279,6 +279,35 @@ async def test_cancelled_wait_loses_no_batch():
         await ep.close()
 
 
+async def test_cancelled_send_keeps_the_stream_usable():
+    """A send cancelled while it waits for credit (the consumer holds the whole window):
+    once the consumer releases, later sends go through and nothing is duplicated."""
+    gave_up = asyncio.Event()
+
+    async def handler(ep):
+        async with ep.stream_writer() as tx:
+            await tx.send(np.zeros(10), meta=0)
+            with pytest.raises(TimeoutError):  # no credit: the consumer holds batch 0
+                await asyncio.wait_for(tx.send(np.ones(10), meta="cancelled"), 0.2)
+            gave_up.set()
+            for i in (1, 2):
+                await tx.send(np.full(10, i), meta=i)
+
+    async with await listen(handler) as lst:
+        ep = await connect("127.0.0.1", lst.port, timeout=30)
+        async with ep.stream_reader(window=1) as rx:
+            first = await asyncio.wait_for(anext(rx), 30)
+            await asyncio.wait_for(gave_up.wait(), 30)
+            first.release()
+            got = []
+            async with asyncio.timeout(30):
+                async for batch in rx:
+                    with batch:
+                        got.append((batch.meta, float(batch[0][0])))
+        assert got == [(1, 1.0), (2, 2.0)]
+        await ep.close()
+
+
 async def test_stream_bad_input():
     async def handler(ep):
         await ep.recv_obj()

@@ -25,6 +25,7 @@ stream per ``(connection, direction, stream id)``):
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import pickle
 import struct
@@ -84,7 +85,6 @@ class StreamWriter:
             ep._stream_tag(stream, _DATA, send=True)
         self._ctag = ep._stream_tag(stream, _CREDIT, send=False)
         self._credits = 0
-        self._credit_buf = bytearray(_U32.size)
         self._credit_lock = asyncio.Lock()
         self._closed = False
         self._last: tuple[Any, bytes] = (None, b"")  # (specs, header) of the last batch
@@ -107,23 +107,23 @@ class StreamWriter:
             return
         async with self._credit_lock:
             worker, peers = self._ep._worker, self._ep._peers
-            target = worker.recv_ptr(self._credit_buf)
             while not self._credits:
-                res: Any = worker.recv_into(target, self._ctag, FULL_MASK, peers)
+                buf = bytearray(_U32.size)  # (a late receive must not share it)
+                res: Any = worker.recv_into(worker.recv_ptr(buf), self._ctag, FULL_MASK,
+                                            peers)
                 if type(res) is not tuple:
-                    try:
-                        res = await worker.complete(res)
+                    try:  # shielded: cancelling the wait must not orphan the receive
+                        await worker.complete(asyncio.shield(res))
                     except asyncio.CancelledError:
-                        # a credit message this receive already matched is not lost
-                        if not res.done() and not worker.cancel(res):
-                            res.add_done_callback(self._late_credit)
+                        if not worker.cancel(res):  # matched already: count it when in
+                            res.add_done_callback(functools.partial(self._late_credit, buf))
                         raise
-                self._credits += _U32.unpack(self._credit_buf)[0]
+                self._credits += _U32.unpack(buf)[0]
             self._credits -= 1
 
-    def _late_credit(self, fut: asyncio.Future) -> None:
+    def _late_credit(self, buf: bytearray, fut: asyncio.Future) -> None:
         if not fut.cancelled() and fut.exception() is None:
-            self._credits += _U32.unpack(self._credit_buf)[0]
+            self._credits += _U32.unpack(buf)[0]
 
     async def send(self, arrays: Any, meta: Any = None) -> None:
         """Send one batch: an array (numpy, cupy, anything with the buffer protocol,
@@ -463,16 +463,26 @@ class StreamReader:
             queue.appendleft(item)  # every later call fails the same way
             raise item
         futs = item.futs
-        if futs:
+        if futs and not all(f.done() for f in futs):
+            # Shielded: a consumer cancelled here gets this batch on its next call.
+            waiter = asyncio.shield(futs[0] if len(futs) == 1 else asyncio.gather(*futs))
             try:
-                if len(futs) == 1:
-                    await worker.complete(futs[0])
-                else:
-                    await asyncio.gather(*futs)
+                await worker.complete(waiter)
+            except asyncio.CancelledError:
+                queue.appendleft(item)
+                raise
             except BaseException:
                 for f in futs:
                     f.add_done_callback(_quiet)
                 raise
+        for f in futs:
+            if f.cancelled():
+                raise ClosedError("the stream's receive was cancelled")
+            exc = f.exception()
+            if exc is not None:
+                for g in futs:
+                    g.add_done_callback(_quiet)
+                raise exc
         arrays = []
         for buf, (dtype, shape, fortran, nbytes) in zip(item.bufs, item.specs, strict=True):
             arrays.append(buf[:nbytes].view(dtype).reshape(shape,
