@@ -173,7 +173,7 @@ def main() -> int:
     p.add_argument("--volume", type=int, default=None,
                    help="MiB per sample (default 256; 16 with --quick)")
     p.add_argument("--reps", type=int, default=None,
-                   help="samples per size (default 5; 2 with --quick)")
+                   help="samples per size (default 3; 2 with --quick)")
     p.add_argument("--tcp", action="store_true", help="UCX_TLS=tcp,self")
     p.add_argument("--out", help="append JSON lines to this file")
     p.add_argument("--role", choices=("consumer", "producer"), help=argparse.SUPPRESS)
@@ -189,7 +189,7 @@ def main() -> int:
     sizes_text = args.sizes or ("64K,1M" if args.quick else DEFAULT_SIZES)
     sizes = [parse_size(s) for s in sizes_text.split(",")]
     volume = (args.volume or (16 if args.quick else 256)) << 20
-    schedule = schedule_for(sizes, volume, args.reps or (2 if args.quick else 5))
+    schedule = schedule_for(sizes, volume, args.reps or (2 if args.quick else 3))
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(tuple(_driver.LAUNCHER_VARS))}
     if args.tcp:

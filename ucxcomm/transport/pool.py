@@ -49,8 +49,9 @@ class BufferPool:
     Notes
     -----
     :meth:`take` returns the smallest free buffer that fits, and allocates only when none
-    does; :attr:`allocations` and :attr:`reuses` count both outcomes. The pool is
-    thread-safe (a consumer may release batches from a worker thread).
+    does; :attr:`allocations` and :attr:`reuses` count both outcomes. ``take`` and
+    ``give`` are thread-safe (a :class:`~ucxcomm.transport.stream.Batch` is released on
+    the event loop's thread, though: releasing may send a credit).
     """
 
     def __init__(self, nbytes: int = 0, count: int = 0, *, gpu: bool = False,

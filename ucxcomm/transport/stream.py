@@ -209,7 +209,7 @@ class Batch:
     ``len(batch)``, ``batch[i]`` and iteration reach the arrays. Release the batch
     (``batch.release()``, or ``with batch:``) when done with its arrays: their buffers
     go back to the pool and the writer gets a credit. Do not use the arrays afterwards
-    (copy what you keep).
+    (copy what you keep). Release on the event loop's thread (it may send a message).
     """
 
     __slots__ = ("_bufs", "_reader", "arrays", "meta", "seq")
