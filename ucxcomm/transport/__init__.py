@@ -11,14 +11,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .endpoint import Endpoint
+    from .endpoint import Endpoint, Signal
     from .listener import Listener, connect, default_worker, listen
+    from .pool import BufferPool
+    from .stream import Batch, StreamReader, StreamWriter
     from .worker import Worker
 
-__all__ = ["Endpoint", "Listener", "Worker", "connect", "default_worker", "listen"]
+__all__ = ["Batch", "BufferPool", "Endpoint", "Listener", "Signal", "StreamReader",
+           "StreamWriter", "Worker", "connect", "default_worker", "listen"]
 
-_HOME = {"Endpoint": ".endpoint", "Listener": ".listener", "connect": ".listener",
-         "default_worker": ".listener", "listen": ".listener", "Worker": ".worker"}
+_HOME = {"Endpoint": ".endpoint", "Signal": ".endpoint", "Listener": ".listener",
+         "connect": ".listener", "default_worker": ".listener", "listen": ".listener",
+         "Worker": ".worker", "BufferPool": ".pool", "Batch": ".stream",
+         "StreamReader": ".stream", "StreamWriter": ".stream"}
 
 
 def __getattr__(name: str) -> Any:  # PEP 562

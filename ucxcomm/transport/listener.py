@@ -2,10 +2,19 @@
 
 A connection is a UCX endpoint created from a socket address (UCX's listener/connect,
 with UCX peer error handling on). Right after it is established both sides exchange, over
-the UCX stream API, the 32-bit namespace under which they receive; tags on the
+the UCX stream API, the 32-bit namespace under which they receive, an identity of their
+host (boot id and network/IPC namespaces) and their worker address; tags on the
 connection are then ``namespace << 32 | user tag``, so connections sharing a worker never
 match each other's messages. When the peer goes away, UCX closes the endpoint and its
 pending operations fail with :class:`~ucxcomm.PeerFailure`.
+
+Peers on the same host (same identity) then send their messages through a second
+endpoint created from the peer's worker address, without UCX error handling: UCX keeps
+endpoints with error handling on TCP, while this one uses shared memory and CMA (DESIGN:
+failure detection must not cost shared memory). The socket-address endpoint stays open
+for failure detection. A tag message each way over the new path finishes its wire-up
+before the connection is handed out (UCX aborts a process whose peer dies while an
+endpoint is still being set up, see rma.RemoteMemory.wireup).
 """
 
 from __future__ import annotations
@@ -19,16 +28,17 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..errors import ClosedError, CommTimeoutError, PeerFailure
+from ..errors import ClosedError, CommTimeoutError, PeerFailure, UcxCommError
 from . import _ucx
-from .endpoint import Endpoint
+from .base import FULL_MASK
+from .endpoint import _HELLO_TAG, Endpoint
 from .worker import Worker
 
 __all__ = ["Listener", "connect", "default_worker", "listen"]
 
 log = logging.getLogger(__name__)
 
-_NS = struct.Struct("<I")
+_HELLO = struct.Struct("<IHH")  # namespace, host identity length, worker address length
 _workers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Worker] = \
     weakref.WeakKeyDictionary()
 _conn_ids = itertools.count(1)
@@ -42,6 +52,30 @@ def default_worker() -> Worker:
     if worker is None or worker.closed:
         worker = _workers[loop] = Worker()
     return worker
+
+
+def _check_args(port: Any, timeout: Any, lowest: int, what: str) -> None:
+    """Bad ``port``/``timeout`` arguments raise at the call, before any I/O."""
+    if isinstance(port, bool) or not isinstance(port, int) or not lowest <= port <= 65535:
+        raise ValueError(f"{what}: port must be an int in [{lowest}, 65535], got {port!r}")
+    if timeout is not None and (isinstance(timeout, bool)
+                                or not isinstance(timeout, (int, float))
+                                or not 0 < timeout < float("inf")):
+        raise ValueError(f"{what}: timeout must be a number of seconds > 0 or None, got "
+                         f"{timeout!r}")
+
+
+def host_identity() -> bytes:
+    """What two processes share when they can reach each other's shared memory: the
+    kernel's boot id and the network and IPC namespaces (empty when unknown: never
+    treated as the same host)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            boot = f.read().strip()
+        net, ipc = (os.stat(f"/proc/self/ns/{ns}").st_ino for ns in ("net", "ipc"))
+    except OSError:
+        return b""
+    return boot + f":{net}:{ipc}".encode()
 
 
 def _new_namespace(worker: Worker) -> int:
@@ -67,18 +101,38 @@ async def _handshake(worker: Worker, ucx_ep: Any, timeout: float | None,
 
     ucx_ep.set_close_callback(closed_by_peer)
     mine = _new_namespace(worker)
-    theirs = bytearray(_NS.size)
+    host, address = host_identity(), worker.address
+    hello = _HELLO.pack(mine, len(host), len(address)) + host + address
+    head = bytearray(_HELLO.size)
     peers = frozenset((label,))
+
+    async def both(*futs: Any) -> None:
+        pending = [f for f in futs if f is not None]
+        worker.wake()
+        results = await asyncio.gather(*pending, return_exceptions=True)
+        for res in results:
+            if isinstance(res, BaseException):
+                raise res
+
     try:
         async with asyncio.timeout(timeout):
-            sent = worker.stream_send(ep._handle, worker.send_ptr(_NS.pack(mine)), peers)
-            got = worker.stream_recv(ep._handle, worker.recv_ptr(theirs), peers)
-            futs = [f for f in (got, sent) if f is not None]
-            worker.wake()
-            results = await asyncio.gather(*futs, return_exceptions=True)
-            for res in results:
-                if isinstance(res, BaseException):
-                    raise res
+            sent = worker.stream_send(ep._handle, worker.send_ptr(hello), peers)
+            await both(worker.stream_recv(ep._handle, worker.recv_ptr(head), peers))
+            theirs, hlen, alen = _HELLO.unpack(head)
+            rest = bytearray(hlen + alen)
+            await both(sent, worker.stream_recv(ep._handle, worker.recv_ptr(rest), peers))
+            if host and rest[:hlen] == host:
+                try:
+                    ep.use_data_path(worker.raw_endpoint(bytes(rest[hlen:])))
+                except UcxCommError as exc:  # keep the first endpoint
+                    log.info("connection %s: no direct path on this host (%s)", label[1],
+                             exc)
+            # One message each way on the path that will carry the traffic.
+            check = bytearray(1)
+            got: Any = worker.recv_into(worker.recv_ptr(check), (mine << 32) | _HELLO_TAG,
+                                        FULL_MASK, peers)
+            await both(ep.isend(b"\x01", (theirs << 32) | _HELLO_TAG),
+                       got if type(got) is not tuple else None)
     except TimeoutError:
         ep.abort()
         raise CommTimeoutError(f"connection handshake took longer than {timeout:g} s") \
@@ -86,7 +140,7 @@ async def _handshake(worker: Worker, ucx_ep: Any, timeout: float | None,
     except BaseException:
         ep.abort()
         raise
-    ep._recv_ns, ep._send_ns = mine, _NS.unpack(theirs)[0]
+    ep._recv_ns, ep._send_ns = mine, theirs
     return ep
 
 
@@ -179,9 +233,12 @@ async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *
 
     Raises
     ------
+    ValueError
+        ``port`` is not in [0, 65535], or a bad ``timeout`` (the handshake's deadline).
     UcxCommError
         The port cannot be bound.
     """
+    _check_args(port, timeout, 0, "listen")
     return Listener(worker or default_worker(), handler, port, timeout)
 
 
@@ -191,13 +248,22 @@ async def connect(host: str, port: int, *, worker: Worker | None = None,
 
     Raises
     ------
+    TypeError, ValueError
+        ``host`` is not a non-empty string, ``port`` not in [1, 65535], or a bad
+        ``timeout`` (before any I/O).
     CommTimeoutError
         Not established within ``timeout`` seconds.
     PeerFailure
-        The peer refused or is unreachable.
+        Nothing accepted the connection (refused: nobody listens there, or a listener
+        that was closed), or the host is unreachable.
+    UcxCommError
+        ``host`` is not a valid address or resolvable name.
     ClosedError
         ``worker`` is closed.
     """
+    if not isinstance(host, str) or not host:
+        raise TypeError(f"connect: host must be a non-empty str, got {host!r}")
+    _check_args(port, timeout, 1, "connect")
     worker = worker or default_worker()
     if worker.closed:
         raise ClosedError("the worker is closed")
@@ -205,4 +271,6 @@ async def connect(host: str, port: int, *, worker: Worker | None = None,
     try:
         return await _handshake(worker, ucx_ep, timeout)
     except PeerFailure as exc:
-        raise PeerFailure(f"cannot connect to {host}:{port}: {exc}") from exc
+        reason = str(exc.__cause__ or exc)
+        raise PeerFailure(f"cannot connect to {host}:{port}: refused or unreachable "
+                          f"(nothing listening there?): {reason}") from exc

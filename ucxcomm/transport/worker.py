@@ -212,6 +212,18 @@ class Worker(Transport):
         self._check_open()
         return _ucx.endpoint_from_host(self._worker, host, port)
 
+    def raw_endpoint(self, address: bytes) -> Any:
+        """A raw UCX endpoint to the worker at ``address``, without UCX peer error
+        handling (for :meth:`Endpoint.use_data_path`).
+
+        Raises
+        ------
+        PeerFailure, UcxCommError
+            UCX cannot reach that address. ClosedError.
+        """
+        self._check_open()
+        return _ucx.endpoint_from_address(self._worker, address)
+
     def adopt(self, ucx_ep: Any, peer: Any) -> Endpoint:
         """An :class:`Endpoint` around a raw UCX endpoint of this worker."""
         ep = Endpoint(self, ucx_ep, peer)
