@@ -106,3 +106,15 @@ def test_speedup_direction():
     text = driver.table(recs)
     rows = [ln.split() for ln in text.splitlines() if ln.strip().startswith("8 ")]
     assert [row[-1] for row in rows] == ["2.00", "2.00"]
+
+
+def test_pipeline_suite(tmp_path):
+    """The pipeline suite: ucxcomm streams and asyncio streams, producer -> consumer."""
+    out = tmp_path / "p.jsonl"
+    proc = bench("pipeline", "--quick", "--sizes", "64K", "--compare", "asyncio",
+                 "--json", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = records(out)
+    assert {(r["impl"], r["op"], r["size"]) for r in recs} == {
+        ("ucxcomm", "stream", 65536), ("asyncio", "stream", 65536)}
+    assert "x asyncio" in proc.stdout

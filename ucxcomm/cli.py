@@ -57,7 +57,7 @@ def _info(as_json: bool, transport: str | None, tag_offload: str | None) -> int:
     return 0
 
 
-_BENCH_SUITES = ("p2p", "rma", "collectives")
+_BENCH_SUITES = ("p2p", "rma", "collectives", "pipeline")
 _PEERS = ("ucxx", "mpi4py", "gloo", "perftest", "asyncio")
 
 

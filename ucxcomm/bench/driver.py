@@ -172,6 +172,31 @@ def _start_asyncio(suite, ops, size, n, opts, env, note):
     return recs
 
 
+def _pipeline(impls: tuple[str, ...]) -> Callable[..., list[dict]]:
+    """The pipeline suite's job: a consumer and a producer process per implementation
+    (raw ucxx: each of its progress modes), about 256 MiB per sample (16 with --quick)."""
+    def start(suite, ops, size, n, opts, env, note):
+        from .ranks_pipeline import run_pair, schedule_for
+        from .spec import Plan
+
+        volume = (16 if opts.quick else 256) << 20
+        schedule = schedule_for([size], volume, Plan(opts.quick).samples)
+        out = []
+        for impl in impls:
+            recs, err = run_pair(impl, schedule, env, opts.timeout)
+            if err:
+                note(f"{impl}: {err}")
+            out += recs
+        return out
+    return start
+
+
+def _by_suite(**starts: Callable[..., list[dict]]) -> Callable[..., list[dict]]:
+    def start(suite, *args):
+        return starts[suite](suite, *args)
+    return start
+
+
 #: our op -> (ucx_perftest test, which figure); perftest's latencies are its own
 #: (ping-pong halves for tag_lat and put_lat), see the settings note.
 _PERFTEST = {"latency": ("tag_lat", 0), "bw": ("tag_bw", 2), "put_lat": ("ucp_put_lat", 0),
@@ -214,18 +239,24 @@ def _mpi_missing() -> str | None:
 
 
 P2P, RMA, COLL = SUITES["p2p"], SUITES["rma"], SUITES["collectives"]
+PIPE = SUITES["pipeline"]
+_UCXX_MODES = ("ucxx-polling", "ucxx-blocking", "ucxx-thread")
 IMPLS: dict[str, Impl] = {i.name: i for i in [
-    Impl("ucxcomm", {"p2p": P2P, "rma": RMA, "collectives": COLL}, lambda: None,
-         _under_ucxcomm("ranks_ucxcomm"), peer=False),
-    Impl("ucxx", {"p2p": P2P}, _needs_module("ucxx", "a ucxcomm dependency"),
-         _under_ucxcomm("ranks_ucxx")),
+    Impl("ucxcomm", {"p2p": P2P, "rma": RMA, "collectives": COLL, "pipeline": PIPE},
+         lambda: None, _by_suite(p2p=_under_ucxcomm("ranks_ucxcomm"),
+                                 rma=_under_ucxcomm("ranks_ucxcomm"),
+                                 collectives=_under_ucxcomm("ranks_ucxcomm"),
+                                 pipeline=_pipeline(("ucxcomm",))), peer=False),
+    Impl("ucxx", {"p2p": P2P, "pipeline": PIPE}, _needs_module("ucxx", "a ucxcomm dependency"),
+         _by_suite(p2p=_under_ucxcomm("ranks_ucxx"), pipeline=_pipeline(_UCXX_MODES))),
     Impl("mpi4py", {"p2p": P2P, "rma": RMA, "collectives": COLL}, _mpi_missing, _start_mpi),
     Impl("gloo", {"p2p": P2P, "collectives": COLL},
          _needs_module("torch", "pip install torch"), _start_gloo),
     Impl("perftest", {"p2p": ("latency", "bw"), "rma": RMA},
          lambda: None if _perftest.executable() else "ucx_perftest not in the libucx wheel",
          _start_perftest),
-    Impl("asyncio", {"p2p": ("latency", "bw")}, lambda: None, _start_asyncio),
+    Impl("asyncio", {"p2p": ("latency", "bw"), "pipeline": PIPE}, lambda: None,
+         _by_suite(p2p=_start_asyncio, pipeline=_pipeline(("asyncio",)))),
 ]}
 #: ``--compare`` names -> the record's ``impl`` (ucx_perftest keeps its own name).
 RECORD_NAME = {"perftest": "ucx_perftest"}

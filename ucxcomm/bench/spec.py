@@ -21,6 +21,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "p2p": ("latency", "bw", "bw_w1", "bibw"),
     "rma": ("put_lat", "get_lat", "fadd_lat", "cas_lat", "put_bw", "get_bw"),
     "collectives": ("allreduce", "bcast", "allgather", "alltoall", "reduce_scatter_block"),
+    "pipeline": ("stream",),
 }
 
 #: op -> (unit, description). "us" figures: smaller is better; "GB/s": larger is better.
@@ -40,6 +41,7 @@ OPS: dict[str, tuple[str, str]] = {
     "allgather": ("us", "allgather (size = gathered result), slowest rank's mean"),
     "alltoall": ("us", "alltoall (size = whole send buffer), slowest rank's mean"),
     "reduce_scatter_block": ("us", "float32 SUM reduce-scatter (size = whole send buffer)"),
+    "stream": ("GB/s", "producer -> consumer process, one batch per message, on endpoints"),
 }
 
 #: Latency ops run up to this size (OSU's latency test stops at 4 MiB); atomics are 8 B.
@@ -50,8 +52,10 @@ DEFAULT_SIZES = {
     "p2p": [8, 64, 512, 4 * KIB, 32 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB],
     "rma": [8, 4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB],
     "collectives": [8, 4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB],
+    "pipeline": [64 * KIB, MIB, 16 * MIB, 64 * MIB],
 }
-QUICK_SIZES = {"p2p": [8, 4 * KIB, MIB], "rma": [8, MIB], "collectives": [8, 64 * KIB, MIB]}
+QUICK_SIZES = {"p2p": [8, 4 * KIB, MIB], "rma": [8, MIB], "collectives": [8, 64 * KIB, MIB],
+               "pipeline": [64 * KIB, MIB]}
 
 _UNITS = {"": 1, "K": KIB, "M": MIB, "G": 1 << 30}
 
