@@ -57,7 +57,7 @@ def _info(as_json: bool, transport: str | None, tag_offload: str | None) -> int:
     return 0
 
 
-_BENCH_SUITES = ("p2p", "rma", "collectives", "pipeline")
+_BENCH_SUITES = ("p2p", "rma", "collectives", "pipeline", "torch")
 _PEERS = ("ucxx", "mpi4py", "gloo", "perftest", "asyncio")
 
 
@@ -71,7 +71,7 @@ def _bench_parser(sub) -> None:
     bench.add_argument("suite", nargs="?", default="all", choices=[*_BENCH_SUITES, "all"],
                        help="what to measure (default all)")
     bench.add_argument("-n", type=int, default=2, dest="n",
-                       help="ranks for collectives (p2p and rma use 2); default 2")
+                       help="ranks for collectives and torch (the others use 2); default 2")
     bench.add_argument("--sizes", help="message sizes, e.g. 8,4K,1M,64M (default: the "
                        "suite's OSU-like sweep)")
     bench.add_argument("--quick", action="store_true",

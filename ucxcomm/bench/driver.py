@@ -191,6 +191,21 @@ def _pipeline(impls: tuple[str, ...]) -> Callable[..., list[dict]]:
     return start
 
 
+def _torch(backend: str) -> Callable[..., list[dict]]:
+    """The torch suite's job: ``ucxcomm run`` (which exports torchrun's variables) of
+    :mod:`ucxcomm.bench.ranks_torch` over ``backend``."""
+    def start(suite, ops, size, n, opts, env, note):
+        py = sys.executable
+        cmd = [py, "-m", "ucxcomm.cli", "run", "-n", str(n), "--timeout",
+               str(int(opts.timeout)), py, "-m", "ucxcomm.bench.ranks_torch",
+               *_job_args(suite, ops, size, opts), "--backend", backend]
+        recs, err = _run(cmd, env, opts.timeout + 30)
+        if err:
+            note(err)
+        return recs
+    return start
+
+
 def _by_suite(**starts: Callable[..., list[dict]]) -> Callable[..., list[dict]]:
     def start(suite, *args):
         return starts[suite](suite, *args)
@@ -242,16 +257,19 @@ P2P, RMA, COLL = SUITES["p2p"], SUITES["rma"], SUITES["collectives"]
 PIPE = SUITES["pipeline"]
 _UCXX_MODES = ("ucxx-polling", "ucxx-blocking", "ucxx-thread")
 IMPLS: dict[str, Impl] = {i.name: i for i in [
-    Impl("ucxcomm", {"p2p": P2P, "rma": RMA, "collectives": COLL, "pipeline": PIPE},
+    Impl("ucxcomm", {"p2p": P2P, "rma": RMA, "collectives": COLL, "pipeline": PIPE,
+                     "torch": SUITES["torch"]},
          lambda: None, _by_suite(p2p=_under_ucxcomm("ranks_ucxcomm"),
                                  rma=_under_ucxcomm("ranks_ucxcomm"),
                                  collectives=_under_ucxcomm("ranks_ucxcomm"),
-                                 pipeline=_pipeline(("ucxcomm",))), peer=False),
+                                 pipeline=_pipeline(("ucxcomm",)),
+                                 torch=_torch("ucxcomm")), peer=False),
     Impl("ucxx", {"p2p": P2P, "pipeline": PIPE}, _needs_module("ucxx", "a ucxcomm dependency"),
          _by_suite(p2p=_under_ucxcomm("ranks_ucxx"), pipeline=_pipeline(_UCXX_MODES))),
     Impl("mpi4py", {"p2p": P2P, "rma": RMA, "collectives": COLL}, _mpi_missing, _start_mpi),
-    Impl("gloo", {"p2p": P2P, "collectives": COLL},
-         _needs_module("torch", "pip install torch"), _start_gloo),
+    Impl("gloo", {"p2p": P2P, "collectives": COLL, "torch": SUITES["torch"]},
+         _needs_module("torch", "pip install torch"),
+         _by_suite(p2p=_start_gloo, collectives=_start_gloo, torch=_torch("gloo"))),
     Impl("perftest", {"p2p": ("latency", "bw"), "rma": RMA},
          lambda: None if _perftest.executable() else "ucx_perftest not in the libucx wheel",
          _start_perftest),
@@ -315,8 +333,12 @@ def run(opts: Options) -> list[dict]:
     sett = settings(opts)
     records: list[dict] = []
     for suite in opts.suites:
+        if suite == "torch" and importlib.util.find_spec("torch") is None:
+            progress.note("skipping the torch suite: torch not installed "
+                          "(pip install 'ucxcomm[torch]')")
+            continue
         sizes = opts.sizes or (QUICK_SIZES if opts.quick else DEFAULT_SIZES)[suite]
-        n = opts.nranks if suite == "collectives" else 2
+        n = opts.nranks if suite in ("collectives", "torch") else 2
         jobs = [(size, impl, [op for op in impl.ops.get(suite, ()) if applies(op, size, sizes)])
                 for size in sizes for impl in impls]
         jobs = [j for j in jobs if j[2]]

@@ -22,6 +22,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "rma": ("put_lat", "get_lat", "fadd_lat", "cas_lat", "put_bw", "get_bw"),
     "collectives": ("allreduce", "bcast", "allgather", "alltoall", "reduce_scatter_block"),
     "pipeline": ("stream",),
+    "torch": ("all_reduce", "ddp_step"),
 }
 
 #: op -> (unit, description). "us" figures: smaller is better; "GB/s": larger is better.
@@ -42,20 +43,24 @@ OPS: dict[str, tuple[str, str]] = {
     "alltoall": ("us", "alltoall (size = whole send buffer), slowest rank's mean"),
     "reduce_scatter_block": ("us", "float32 SUM reduce-scatter (size = whole send buffer)"),
     "stream": ("GB/s", "producer -> consumer process, one batch per message, on endpoints"),
+    "all_reduce": ("us", "torch.distributed all_reduce, float32 SUM in place, slowest rank"),
+    "ddp_step": ("us", "one DDP step of an MLP (size = parameter bytes), slowest rank"),
 }
 
 #: Latency ops run up to this size (OSU's latency test stops at 4 MiB); atomics are 8 B.
 LAT_MAX = 4 * MIB
-ATOMICS = ("fadd_lat", "cas_lat")
+#: Ops measured once per sweep (their size is their own): 8 B atomics, a DDP step.
+ONCE = ("fadd_lat", "cas_lat", "ddp_step")
 
 DEFAULT_SIZES = {
     "p2p": [8, 64, 512, 4 * KIB, 32 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB],
     "rma": [8, 4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB],
     "collectives": [8, 4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB],
     "pipeline": [64 * KIB, MIB, 16 * MIB, 64 * MIB],
+    "torch": [8, 64, 512, 4 * KIB, 32 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB],
 }
 QUICK_SIZES = {"p2p": [8, 4 * KIB, MIB], "rma": [8, MIB], "collectives": [8, 64 * KIB, MIB],
-               "pipeline": [64 * KIB, MIB]}
+               "pipeline": [64 * KIB, MIB], "torch": [8, 4 * KIB, MIB]}
 
 _UNITS = {"": 1, "K": KIB, "M": MIB, "G": 1 << 30}
 
@@ -146,11 +151,11 @@ def emit(impl: str, op: str, size: int, nranks: int, samples: list[float], **ext
 
 
 def applies(op: str, size: int, sizes: list[int]) -> bool:
-    """Whether ``op`` runs at ``size``: latencies up to :data:`LAT_MAX`, atomics once (at
-    the smallest size of the sweep, reported as 8 B)."""
-    if op in ATOMICS:
+    """Whether ``op`` runs at ``size``: latencies up to :data:`LAT_MAX`, the :data:`ONCE`
+    ops at the smallest size of the sweep only (reported at their own size)."""
+    if op in ONCE:
         return size == sizes[0]
-    if OPS[op][0] == "us" and op not in SUITES["collectives"]:
+    if OPS[op][0] == "us" and op not in SUITES["collectives"] + SUITES["torch"]:
         return size <= LAT_MAX
     return True
 
