@@ -142,6 +142,14 @@ class _Reducible:
             self.tensor.detach().copy_(self.stage.reshape(self.tensor.shape))
         elif divide != 1:
             self.tensor.detach().div_(divide)
+        _sync(self.tensor)
+
+
+def _sync(t: torch.Tensor) -> None:
+    """Wait for what this (loop) thread queued on ``t``'s device: the Work completes
+    with the tensor ready on every stream."""
+    if t.is_cuda:
+        torch.cuda.current_stream(t.device).synchronize()
 
 
 def _then(*fns: Callable[[], None] | None) -> Callable[[], None] | None:
@@ -224,18 +232,22 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
             plans.append((what, outputs, start, keep, after, cuda))
             return None  # type: ignore[return-value]
         timeout = _seconds(getattr(opts, "timeout", None)) or self._timeout
+        device = None
         for t in cuda:
             if t.is_cuda:  # the loop thread reads what the current stream produces
-                torch.cuda.current_stream(t.device).synchronize()
+                device = t.device
+                torch.cuda.current_stream(device).synchronize()
                 break
         work = Work(what, outputs, timeout + _GRACE_S)
         work.keep, work.after = keep, after
-        self._lt.call(self._begin, work, start, timeout, source)
+        self._lt.call(self._begin, work, start, timeout, source, device)
         return work
 
     def _begin(self, work: Work, start: Callable[[], Awaitable[Any]], timeout: float,
-               source: bool) -> None:
+               source: bool, device: torch.device | None = None) -> None:
         try:
+            if device is not None:  # (cupy allocates and reduces on the current device)
+                torch.cuda.set_device(device)
             aw = start()
         except Exception as exc:
             work.finish(exc)
@@ -300,6 +312,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                 n = t.numel()
                 t.detach().copy_(flat[offset:offset + n].view(t.shape))
                 offset += n
+            _sync(flat)
 
         return self._submit("allreduce_coalesced", ts,
                             lambda: self._comm.Allreduce(IN_PLACE, r.arr, op),
@@ -351,6 +364,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
             for o, n in zip(outs, counts, strict=True):
                 o.detach().reshape(-1).view(torch.uint8).copy_(stage[offset:offset + n])
                 offset += n
+            _sync(stage)
         return stage, counts, copy_out
 
     def allgather(self, output_tensors: list[list[torch.Tensor]],
