@@ -2,7 +2,8 @@
 
 The launcher hosts the bootstrap store, gives each rank ``UCXCOMM_RANK``/``SIZE``/
 ``STORE``/``TOKEN`` (and torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``, for torch.distributed), forwards output (optionally prefixed ``[rank]``), and ends the job
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``, for torch.distributed), forwards
+output (optionally prefixed ``[rank]``), and ends the job
 when the first rank fails: the others get SIGTERM, then SIGKILL after a grace period.
 The job's exit code is the first failing rank's (128+signal for a signal); ranks that
 exit 0 do not end the job. SIGINT/SIGTERM to the launcher reach every rank.

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from ..errors import CommTimeoutError, PeerFailure, UcxCommError
 
-__all__ = ["LoopThread", "PeerFailureError", "WorkTimeoutError", "Work", "WorkError",
+__all__ = ["LoopThread", "PeerFailureError", "Work", "WorkError", "WorkTimeoutError",
            "loop_thread"]
 
 

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 BACKEND_NAME = "ucxcomm"
 
-_R = dist.ReduceOp.RedOpType
+_R = dist.ReduceOp  # (its SUM, AVG... are RedOpType values, what opts.reduceOp.op is)
 #: torch reduction -> ucxcomm op (AVG: a SUM divided by the group's size).
 _OPS: dict[Any, Op] = {_R.SUM: _c.SUM, _R.PRODUCT: _c.PROD, _R.MIN: _c.MIN, _R.MAX: _c.MAX,
                        _R.BAND: _c.BAND, _R.BOR: _c.BOR, _R.BXOR: _c.BXOR, _R.AVG: _c.SUM}
@@ -84,7 +84,8 @@ def _one(tensors: Sequence[Any], what: str) -> torch.Tensor:
 def _same_device(tensors: Sequence[torch.Tensor], what: str) -> None:
     devices = {t.device for t in tensors}
     if len(devices) > 1:
-        raise ValueError(f"ucxcomm {what}: tensors on several devices ({sorted(map(str, devices))})")
+        raise ValueError(f"ucxcomm {what}: tensors on several devices "
+                         f"({sorted(map(str, devices))})")
 
 
 def _bytes(t: torch.Tensor) -> Any:
@@ -188,7 +189,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
     """
 
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # (the stub lacks it)
         self._rank, self._size = rank, size
         self._timeout = _seconds(timeout) or 1800.0
         self._lt = loop_thread()
@@ -280,7 +281,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         return torch.cat([t.detach().reshape(-1).view(torch.uint8) for t in tensors])
 
     # ============================================================ collectives
-    def allreduce(self, tensors: list[torch.Tensor],
+    def allreduce(self, tensors: list[torch.Tensor],  # type: ignore[override]
                   opts: Any = None) -> Work:
         opts = dist.AllreduceOptions() if opts is None else opts
         t = _one(tensors, "allreduce")
@@ -318,7 +319,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                             lambda: self._comm.Allreduce(IN_PLACE, r.arr, op),
                             keep=r, after=copy_back, opts=opts, cuda=ts)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         opts = dist.BroadcastOptions() if opts is None else opts
         t = _one(tensors, "broadcast")
         root = self._peer(opts.rootRank, "broadcast root")
@@ -326,7 +327,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         return self._submit("broadcast", [t], lambda: self._comm.Bcast(buf, root),
                             keep=buf, opts=opts, cuda=[t])
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         opts = dist.ReduceOptions() if opts is None else opts
         t = _one(tensors, "reduce")
         root = self._peer(opts.rootRank, "reduce root")
@@ -367,7 +368,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
             _sync(stage)
         return stage, counts, copy_out
 
-    def allgather(self, output_tensors: list[list[torch.Tensor]],
+    def allgather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]
                   input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
         inp = _one(input_tensors, "allgather")
         if len(output_tensors) != 1:
@@ -403,7 +404,8 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
     def _several(self, what: str, calls: Callable[[], None], opts: Any) -> Work:
         """One Work for the operations that ``calls`` issues (on this thread): they are
         collected instead of submitted, then started together, in order."""
-        self._collecting.plans = plans = []
+        plans: list[tuple[Any, ...]] = []
+        self._collecting.plans = plans
         try:
             calls()
         finally:
@@ -441,9 +443,9 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                 self.all_gather_single(o, i, opts)
         return self._several("allgather_into_tensor_coalesced", calls, opts)
 
-    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    all_gather_single_coalesced = allgather_into_tensor_coalesced  # type: ignore[assignment]
 
-    def gather(self, output_tensors: list[list[torch.Tensor]],
+    def gather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]
                input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
         opts = dist.GatherOptions() if opts is None else opts
         inp = _one(input_tensors, "gather")
@@ -463,7 +465,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                             lambda: self._comm.Gatherv(send, (recv, counts), root),
                             keep=(send, recv, stage), after=copy_out, opts=opts, cuda=[inp])
 
-    def scatter(self, output_tensors: list[torch.Tensor],
+    def scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
                 input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
         opts = dist.ScatterOptions() if opts is None else opts
         out = _one(output_tensors, "scatter")
@@ -492,7 +494,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                             lambda: self._comm.Scatterv((send, counts), recv, root),
                             keep=(send, recv, stage), opts=opts, cuda=ins)
 
-    def reduce_scatter(self, output_tensors: list[torch.Tensor],
+    def reduce_scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
                        input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
         opts = dist.ReduceScatterOptions() if opts is None else opts
         out = _one(output_tensors, "reduce_scatter")
@@ -540,7 +542,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
             after=(lambda: dst.store(size if avg else 1)) if avg or dst.stage is not None
             else None)
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> Work:
@@ -552,7 +554,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                 self.reduce_scatter_single(o, i, opts)
         return self._several("reduce_scatter_tensor_coalesced", calls, opts)
 
-    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced  # type: ignore[assignment]
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> Work:
