@@ -25,6 +25,7 @@ PUBLIC_MODULES = [
     "ucxcomm.comm.algorithms", "ucxcomm.transport.config", "ucxcomm.transport.rma",
     "ucxcomm.comm.window", "ucxcomm.testing", "ucxcomm.transport.base",
     "ucxcomm.transport.progress", "ucxcomm.settings", "ucxcomm.comm.group",
+    "ucxcomm.torch", "ucxcomm.torch.process_group",
 ]
 
 
