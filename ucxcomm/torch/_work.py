@@ -149,7 +149,10 @@ class Work(dist.Work):
         self.what = what
         self._outputs = outputs
         self._deadline = deadline  # seconds: the outermost bound of a plain wait()
-        self._event = threading.Event()
+        # Held until the operation ends (a bare lock: cheaper than an Event per call).
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._done = False
         self._lock = threading.Lock()
         self._exc: BaseException | None = None
         self._source = -1
@@ -169,8 +172,9 @@ class Work(dist.Work):
         with self._lock:
             self._exc, self._source = exc, source
             self.keep = self.after = None
-            self._event.set()
+            self._done = True
             fut = self._future
+        self._gate.release()
         if fut is not None:
             self._settle(fut)
 
@@ -182,10 +186,10 @@ class Work(dist.Work):
 
     # ------------------------------------------------------------ torch's API
     def is_completed(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def is_success(self) -> bool:
-        return self._event.is_set() and self._exc is None
+        return self._done and self._exc is None
 
     def exception(self) -> BaseException | None:
         return self._exc
@@ -195,8 +199,10 @@ class Work(dist.Work):
             limit = timeout.total_seconds()
         else:
             limit = self._deadline
-        if not self._event.wait(limit):
-            raise WorkTimeoutError(f"ucxcomm {self.what}: not complete after {limit:g} s")
+        if not self._done:
+            if not self._gate.acquire(timeout=limit):
+                raise WorkTimeoutError(f"ucxcomm {self.what}: not complete after {limit:g} s")
+            self._gate.release()  # (for any other waiter)
         if self._exc is not None:
             raise self._exc
         return True
@@ -222,7 +228,7 @@ class Work(dist.Work):
             if self._future is not None:
                 return self._future
             fut = self._future = torch.futures.Future()
-            done = self._event.is_set()
+            done = self._done
         if done:
             self._settle(fut)
         return fut

@@ -96,8 +96,9 @@ def _bytes(t: torch.Tensor) -> Any:
 
 def _elements(t: torch.Tensor) -> Any:
     """A flat view of ``t`` in its own dtype (numpy on the host)."""
-    flat = t.detach().reshape(-1)
-    return flat.numpy() if flat.device.type == "cpu" else flat
+    if t.device.type == "cpu":
+        return (t.detach() if t.requires_grad else t).numpy().reshape(-1)
+    return t.detach().reshape(-1)
 
 
 def _op(reduce_op: Any, dtype: torch.dtype, what: str) -> tuple[Op, bool]:
