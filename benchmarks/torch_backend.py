@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _driver import bench_line, print_ratios, ratios, record, run_bench  # noqa: E402
+from _driver import bench_line, print_ratios, ratios, record, run_bench
 
 SIZES = [8, 64, 512, 4096, 32768, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [8, 4096, 1 << 20]

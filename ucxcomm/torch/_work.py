@@ -55,9 +55,11 @@ class LoopThread:
     hand their work over with :meth:`call`; :meth:`run` waits for a coroutine's result.
     """
 
+    NAME = "ucxcomm-torch"
+
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._main, name="ucxcomm-torch", daemon=True)
+        self._thread = threading.Thread(target=self._main, name=self.NAME, daemon=True)
         self._closers: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._thread.start()
 
@@ -200,6 +202,10 @@ class Work(dist.Work):
         else:
             limit = self._deadline
         if not self._done:
+            if threading.current_thread().name == LoopThread.NAME:
+                raise RuntimeError(f"ucxcomm {self.what}: Work.wait() on the ucxcomm thread "
+                                   "(from a future's callback?) would wait forever; chain "
+                                   "with Future.then() instead")
             if not self._gate.acquire(timeout=limit):
                 raise WorkTimeoutError(f"ucxcomm {self.what}: not complete after {limit:g} s")
             self._gate.release()  # (for any other waiter)

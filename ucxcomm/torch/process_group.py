@@ -259,20 +259,18 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
     async def _drive(self, work: Work, aw: Awaitable[Any], timeout: float,
                      source: bool) -> None:
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout) as deadline:
                 result = await aw
-        except TimeoutError:
-            exc = WorkTimeoutError(
-                f"ucxcomm {work.what}: not complete after {timeout:g} s (the group's "
-                "timeout, init_process_group(timeout=)); the group is unusable now")
-            self._broken = exc
-            work.finish(exc)
         except asyncio.CancelledError:
             work.finish(WorkError(f"ucxcomm {work.what}: cancelled (shutting down)"))
             raise
         except Exception as exc:
-            if isinstance(exc, PeerFailure):
-                self._broken = exc
+            if isinstance(exc, TimeoutError) and deadline.expired():
+                exc = WorkTimeoutError(
+                    f"ucxcomm {work.what}: not complete after {timeout:g} s (the group's "
+                    "timeout, init_process_group(timeout=)); the group is unusable now")
+            if isinstance(exc, (WorkTimeoutError, PeerFailure)):
+                self._broken = exc  # (the collectives are out of step from here on)
             work.finish(exc)
         else:
             work.finish(source=result.source if source else -1)
