@@ -59,6 +59,32 @@ def test_import_is_optional_and_registers_the_backend():
     assert proc.returncode == 0 and "IMPORT-OK" in proc.stdout, proc.stderr[-_TAIL:]
 
 
+def test_launcher_exports_torchrun_variables():
+    """``ucxcomm run`` gives each rank torchrun's variables, so that torch's default
+    env:// rendezvous works under it unchanged."""
+    code = ("import os; print('ENV', *(os.environ[k] for k in ('RANK', 'LOCAL_RANK', "
+            "'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR')), "
+            "int(os.environ['MASTER_PORT']) > 0)")
+    proc = launch(3, [sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-_TAIL:]
+    for r in range(3):
+        assert f"[{r}] ENV {r} {r} 3 3 127.0.0.1 True" in proc.stdout, proc.stdout
+
+
+def test_liveness_address(monkeypatch):
+    """Where rank 0 serves the liveness store: loopback when torch's store is local
+    (found under PrefixStores), or when there is no TCPStore and no MASTER_ADDR."""
+    import torch.distributed as dist
+
+    from ucxcomm.torch._bootstrap import liveness_address
+
+    tcp = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    assert liveness_address(dist.PrefixStore("g/", dist.PrefixStore("cpu/", tcp))) == \
+        ("127.0.0.1", "127.0.0.1")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    assert liveness_address(dist.HashStore()) == ("127.0.0.1", "127.0.0.1")
+
+
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_ops_against_gloo(nranks):
     """Every op (all_reduce with each ReduceOp and several dtypes, broadcast, reduce,
