@@ -39,7 +39,7 @@ def _torchrun_envs(nranks: int, **extra: str) -> list[dict[str, str]]:
 
 
 def _under_launcher(scenario: str, nranks: int) -> None:
-    proc = launch(nranks, [sys.executable, PROG, scenario], timeout=120)
+    proc = launch(nranks, [sys.executable, PROG, scenario], timeout=90)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-_TAIL:]}"
     for r in range(nranks):
@@ -98,7 +98,7 @@ def test_ops_with_torchrun_variables():
     """The same, started rank by rank with torchrun's variables (no ucxcomm launcher):
     the world forms through torch's own store."""
     run_ranks([[sys.executable, PROG, "ops"]] * 2, _torchrun_envs(2), "TORCH-OK ops rank {rank}",
-              timeout=120)
+              timeout=90)
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
@@ -126,7 +126,7 @@ def test_killed_rank_fails_the_others_wait(victim):
     outs = []
     try:
         for p in procs:
-            outs.append(p.communicate(timeout=120)[0])
+            outs.append(p.communicate(timeout=90)[0])
     finally:
         for p in procs:
             if p.poll() is None:
@@ -145,11 +145,11 @@ def test_timeout_from_init_process_group():
     """init_process_group(timeout=8 s): an all_reduce one rank never joins fails with
     WorkTimeoutError after about 8 s instead of hanging."""
     run_ranks([[sys.executable, PROG, "timeout"]] * 2, _torchrun_envs(2),
-              "TORCH-OK timeout rank {rank}", timeout=120)
+              "TORCH-OK timeout rank {rank}", timeout=90)
 
 
 def test_example_under_ucxcomm_run():
-    proc = launch(2, [sys.executable, EXAMPLE, "--steps", "40"], timeout=120)
+    proc = launch(2, [sys.executable, EXAMPLE, "--steps", "40"], timeout=90)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-_TAIL:]
     assert "rank 0: done" in proc.stdout and "rank 1: done" in proc.stdout, out[-_TAIL:]
@@ -160,7 +160,7 @@ def test_example_under_torchrun():
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--master-port", str(_free_port()), EXAMPLE, "--steps", "40"],
-        capture_output=True, text=True, timeout=150, env=clean_env(), stdin=subprocess.DEVNULL)
+        capture_output=True, text=True, timeout=100, env=clean_env(), stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-_TAIL:]
     assert "rank 0: done" in proc.stdout and "rank 1: done" in proc.stdout, out[-_TAIL:]
