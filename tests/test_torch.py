@@ -115,7 +115,7 @@ def test_subgroup():
 
 @pytest.mark.parametrize("victim", [1, 0])
 def test_killed_rank_fails_the_others_wait(victim):
-    """A rank SIGKILLed with a 16 MiB all_reduce in flight: the others' Work.wait()
+    """A rank SIGKILLed with a 32 KiB all_reduce in flight: the others' Work.wait()
     raises PeerFailureError naming it (rank 0 also serves the liveness store), and the
     group refuses further collectives. Started rank by rank: ``ucxcomm run`` would end
     the job at the first death."""

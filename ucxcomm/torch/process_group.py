@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from .. import comm as _c
 from ..comm import IN_PLACE, TAG_UB, Op
-from ..errors import PeerFailure
+from ..errors import PeerFailure, UnsupportedError
 from ._bootstrap import form_world
 from ._work import Work, WorkError, WorkTimeoutError, loop_thread
 
@@ -147,6 +147,15 @@ class _Reducible:
         _sync(self.tensor)
 
 
+def _need_cupy(what: str) -> None:
+    """CUDA tensors are reduced with cupy kernels: without cupy, say so at the call."""
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        raise UnsupportedError(f"ucxcomm {what}: CUDA tensors need cupy (pip install "
+                               "'ucxcomm[gpu]')") from None
+
+
 def _sync(t: torch.Tensor) -> None:
     """Wait for what this (loop) thread queued on ``t``'s device: the Work completes
     with the tensor ready on every stream."""
@@ -237,6 +246,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         device = None
         for t in cuda:
             if t.is_cuda:  # the loop thread reads what the current stream produces
+                _need_cupy(what)
                 device = t.device
                 torch.cuda.current_stream(device).synchronize()
                 break
