@@ -115,7 +115,7 @@ def test_subgroup():
 
 @pytest.mark.parametrize("victim", [1, 0])
 def test_killed_rank_fails_the_others_wait(victim):
-    """A rank SIGKILLed with a 32 KiB all_reduce in flight: the others' Work.wait()
+    """A rank SIGKILLed instead of joining the others' all_reduce: their Work.wait()
     raises PeerFailureError naming it (rank 0 also serves the liveness store), and the
     group refuses further collectives. Started rank by rank: ``ucxcomm run`` would end
     the job at the first death."""
@@ -137,7 +137,8 @@ def test_killed_rank_fails_the_others_wait(victim):
             assert p.returncode == -9, f"rank {r}: exit {p.returncode}\n{out[-_TAIL:]}"
             continue
         assert p.returncode == 0, f"rank {r}: exit {p.returncode}\n{out[-_TAIL:]}"
-        assert f"RAISED rank {r}: ucxcomm allreduce: rank {victim} died" in out, out[-_TAIL:]
+        raised = [ln for ln in out.splitlines() if ln.startswith(f"RAISED rank {r}: ")]
+        assert raised and f"rank {victim}" in raised[0], out[-_TAIL:]  # (exc.peer checked too)
         assert f"TORCH-OK kill rank {r}" in out, out[-_TAIL:]
 
 

@@ -23,12 +23,12 @@ class WorkError(UcxCommError, dist.DistBackendError):
     """An operation of a ucxcomm process group failed (torch's ``DistBackendError``)."""
 
 
-class PeerFailureError(PeerFailure, dist.DistBackendError):
+class PeerFailureError(PeerFailure, WorkError):
     """A rank of the group died or left without closing (``.peer``: its rank); every
-    pending and later operation that involves it fails."""
+    pending and later collective of the group, and what involves that rank, fails."""
 
 
-class WorkTimeoutError(CommTimeoutError, dist.DistBackendError):
+class WorkTimeoutError(CommTimeoutError, WorkError):
     """An operation did not complete within the group's (or the call's) timeout."""
 
 
@@ -164,6 +164,9 @@ class Work(dist.Work):
 
     # ------------------------------------------------- completion (loop thread)
     def finish(self, exc: BaseException | None = None, source: int = -1) -> None:
+        """Complete the Work (the first call only; later ones are ignored)."""
+        if self._done:
+            return
         if exc is None and self.after is not None:
             try:
                 self.after()

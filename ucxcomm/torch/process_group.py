@@ -30,7 +30,7 @@ from .. import comm as _c
 from ..comm import IN_PLACE, TAG_UB, Op
 from ..errors import PeerFailure, UnsupportedError
 from ._bootstrap import form_world
-from ._work import Work, WorkError, WorkTimeoutError, loop_thread
+from ._work import PeerFailureError, Work, WorkError, WorkTimeoutError, loop_thread
 
 __all__ = ["BACKEND_NAME", "ProcessGroupUCXComm", "create_process_group"]
 
@@ -208,6 +208,9 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         self._broken: BaseException | None = None
         self._closed = False
         self._collecting = threading.local()
+        # Operations running on the loop: work -> (task, whether it needs every member).
+        self._inflight: dict[Work, tuple[asyncio.Task, bool]] = {}
+        self._world.failure_listeners.append(self._peer_died)
         self._lt.add_closer(self._close)
 
     # ------------------------------------------------------------ identity
@@ -218,12 +221,15 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         return f"ProcessGroupUCXComm(rank={self._rank}, size={self._size})"
 
     # --------------------------------------------------------- machinery
-    def _check_open(self, what: str) -> None:
+    def _check_open(self, what: str, collective: bool = True) -> None:
         if self._closed:
             raise WorkError(f"ucxcomm {what}: the process group was shut down")
-        if self._broken is not None:
-            raise WorkError(f"ucxcomm {what}: the process group is unusable after an "
-                            f"earlier failure: {self._broken}") from self._broken
+        if self._broken is not None and collective:
+            msg = f"ucxcomm {what}: the process group is unusable after an earlier " \
+                  f"failure: {self._broken}"
+            if isinstance(self._broken, PeerFailure):
+                raise PeerFailureError(msg, peer=self._broken.peer) from self._broken
+            raise WorkError(msg) from self._broken
 
     def _peer(self, rank: Any, what: str) -> int:
         if type(rank) is not int or not 0 <= rank < self._size:
@@ -234,10 +240,12 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
     def _submit(self, what: str, outputs: list[torch.Tensor],
                 start: Callable[[], Awaitable[Any]], *, keep: Any = None,
                 after: Callable[[], None] | None = None, opts: Any = None,
-                source: bool = False, cuda: Sequence[torch.Tensor] = ()) -> Work:
+                source: bool = False, cuda: Sequence[torch.Tensor] = (),
+                collective: bool = True) -> Work:
         """Hand the operation ``start`` (called on the loop thread; it starts the ucxcomm
-        operation and returns its awaitable) over and return its Work."""
-        self._check_open(what)
+        operation and returns its awaitable) over and return its Work. ``collective``:
+        it needs every member (a death fails it, see :meth:`_peer_died`)."""
+        self._check_open(what, collective)
         plans = getattr(self._collecting, "plans", None)
         if plans is not None:  # (part of a coalesced call: see _several)
             plans.append((what, outputs, start, keep, after, cuda))
@@ -252,11 +260,14 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                 break
         work = Work(what, outputs, timeout + _GRACE_S)
         work.keep, work.after = keep, after
-        self._lt.call(self._begin, work, start, timeout, source, device)
+        self._lt.call(self._begin, work, start, timeout, source, device, collective)
         return work
 
     def _begin(self, work: Work, start: Callable[[], Awaitable[Any]], timeout: float,
-               source: bool, device: torch.device | None = None) -> None:
+               source: bool, device: torch.device | None, collective: bool) -> None:
+        if self._broken is not None and collective:  # (a death between call and here)
+            work.finish(self._broken)
+            return
         try:
             if device is not None:  # (cupy allocates and reduces on the current device)
                 torch.cuda.set_device(device)
@@ -264,7 +275,22 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         except Exception as exc:
             work.finish(exc)
             return
-        self._lt.loop.create_task(self._drive(work, aw, timeout, source))
+        task = self._lt.loop.create_task(self._drive(work, aw, timeout, source))
+        self._inflight[work] = (task, collective)
+
+    def _peer_died(self, rank: int) -> None:
+        """A member died (the liveness store said so; on the loop): every collective in
+        flight fails now naming it, since none can complete without it, even on ranks
+        whose algorithm waits on another member rather than on the dead one; the group
+        takes no more collectives. Point-to-point operations with live ranks go on."""
+        exc = PeerFailureError(f"rank {rank} died or left the job without closing",
+                               peer=rank)
+        if self._broken is None:
+            self._broken = exc
+        for work, (task, collective) in list(self._inflight.items()):
+            if collective and not work.is_completed():
+                work.finish(exc)
+                task.cancel()  # (withdraws its receives: nothing writes the tensors later)
 
     async def _drive(self, work: Work, aw: Awaitable[Any], timeout: float,
                      source: bool) -> None:
@@ -273,17 +299,19 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                 result = await aw
         except asyncio.CancelledError:
             work.finish(WorkError(f"ucxcomm {work.what}: cancelled (shutting down)"))
+            self._inflight.pop(work, None)
             raise
         except Exception as exc:
             if isinstance(exc, TimeoutError) and deadline.expired():
                 exc = WorkTimeoutError(
                     f"ucxcomm {work.what}: not complete after {timeout:g} s (the group's "
                     "timeout, init_process_group(timeout=)); the group is unusable now")
-            if isinstance(exc, (WorkTimeoutError, PeerFailure)):
+            if isinstance(exc, (WorkTimeoutError, PeerFailure)) and self._broken is None:
                 self._broken = exc  # (the collectives are out of step from here on)
             work.finish(exc)
         else:
             work.finish(source=result.source if source else -1)
+        self._inflight.pop(work, None)
 
     def _flat(self, what: str, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         """The tensors' bytes concatenated (a copy)."""
@@ -685,14 +713,14 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         dst, tag = self._peer(dst, "send destination"), self._tag(tag, "send")
         buf = _bytes(t)
         return self._submit("send", [t], lambda: self._comm.Isend(buf, dst, tag), keep=buf,
-                            cuda=[t])
+                            cuda=[t], collective=False)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
         t = _one(tensors, "recv")
         src, tag = self._peer(src, "recv source"), self._tag(tag, "recv")
         buf = _bytes(t)
         return self._submit("recv", [t], lambda: self._comm.Irecv(buf, src, tag), keep=buf,
-                            cuda=[t])
+                            cuda=[t], collective=False)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
         t = _one(tensors, "recv_anysource")
