@@ -319,6 +319,13 @@ def scenario_kill(gloo):
     """
     rank = dist.get_rank()
     victim = int(os.environ.get("KILL_RANK", "1"))
+    # The survivors meet over this group before exiting (one that exits first would be a
+    # second death for the others, who may not have heard of the first yet). The
+    # all_reduce after it: nobody dies before every survivor has formed it (through
+    # torch's store, which rank 0 serves).
+    survivors = dist.new_group([r for r in range(dist.get_world_size()) if r != victim],
+                               backend="gloo")
+    dist.all_reduce(torch.ones(1))
     if rank == victim:
         os.kill(os.getpid(), signal.SIGKILL)
     work = dist.all_reduce(torch.ones(8 << 10), async_op=True)
@@ -336,6 +343,7 @@ def scenario_kill(gloo):
         assert "unusable" in str(exc) and exc.peer == victim, str(exc)
     else:
         raise AssertionError("the group still took a collective after a rank died")
+    dist.barrier(group=survivors)
     return "no-destroy"
 
 

@@ -283,14 +283,22 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         flight fails now naming it, since none can complete without it, even on ranks
         whose algorithm waits on another member rather than on the dead one; the group
         takes no more collectives. Point-to-point operations with live ranks go on."""
+        from ..transport.worker import PEER_GRACE_S
+
         exc = PeerFailureError(f"rank {rank} died or left the job without closing",
                                peer=rank)
         if self._broken is None:
             self._broken = exc
-        for work, (task, collective) in list(self._inflight.items()):
-            if collective and not work.is_completed():
-                work.finish(exc)
-                task.cancel()  # (withdraws its receives: nothing writes the tensors later)
+
+        def fail() -> None:
+            for work, (task, collective) in list(self._inflight.items()):
+                if collective and not work.is_completed():
+                    work.finish(exc)
+                    task.cancel()  # (withdraws its receives: the tensors stay untouched)
+
+        # After the transport's grace period: what it sent before dying is still
+        # delivered, so collectives it had completed its part of finish normally.
+        self._lt.loop.call_later(PEER_GRACE_S * 1.5, fail)
 
     async def _drive(self, work: Work, aw: Awaitable[Any], timeout: float,
                      source: bool) -> None:
