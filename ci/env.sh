@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Creates (once) the project's virtual environment in .venv and installs ucxcomm into it
-# (editable, with the test extra): the compiled extension (Cython ucxcomm/transport/_ucp.pyx
-# over the C in csrc/, see tools/build_ucp.py) is built against the UCX headers of the
-# libucx wheel during this step, our C with warnings as errors. Sourced by ci/test.sh,
-# ci/lint.sh and ci/demo.sh.
+# (editable, with the test and torch extras; torch pinned to 2.13.0, a local CPU build): the
+# compiled extension (Cython ucxcomm/transport/_ucp.pyx over the C in csrc/, see
+# tools/build_ucp.py) is built against the UCX headers of the libucx wheel during this step,
+# our C with warnings as errors. Sourced by ci/test.sh, ci/lint.sh and ci/demo.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -18,7 +18,7 @@ if [ ! -f "$stamp" ] || [ -n "$newer" ] || \
    ! compgen -G "$ROOT/ucxcomm/transport/_ucp*.so" > /dev/null; then
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
   UCXCOMM_WERROR=1 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-    -e "${ROOT}[test]"
+    -e "${ROOT}[test,torch]"
   touch "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"

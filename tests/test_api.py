@@ -26,6 +26,7 @@ PUBLIC_MODULES = [
     "ucxcomm.comm.window", "ucxcomm.testing", "ucxcomm.transport.base",
     "ucxcomm.transport.progress", "ucxcomm.settings", "ucxcomm.comm.group",
     "ucxcomm.transport.stream", "ucxcomm.transport.pool",
+    "ucxcomm.torch", "ucxcomm.torch.process_group",
 ]
 
 

@@ -52,6 +52,9 @@ class World:
         self._eps: dict[int, Link] = {}
         self.closed = False
         self.closers: list[Callable[[], Awaitable[None]]] = []
+        #: Called with the rank (on the event loop) when a peer is declared dead, after
+        #: its operations were failed (ucxcomm.torch fails its whole group's collectives).
+        self.failure_listeners: list[Callable[[int], None]] = []
         self.pool = FramePool()
         self.scratch = ScratchPool()
         self.comm = Comm(self, tuple(range(size)), 0)
@@ -76,6 +79,8 @@ class World:
                         world_rank)
         self.worker.fail_peer(world_rank, PeerFailure(
             f"rank {world_rank} died or left the job without closing", peer=world_rank))
+        for listener in list(self.failure_listeners):
+            listener(world_rank)
 
     async def close(self) -> None:
         if self.closed:

@@ -37,7 +37,7 @@ from ..comm.tags import MAX_RANKS
 from ..errors import BootstrapError
 from .store import StoreClient, StoreServer
 
-__all__ = ["WorldSpec", "detect", "finalize", "init", "parse_nodelist"]
+__all__ = ["WorldSpec", "detect", "finalize", "init", "parse_nodelist", "watch_peers"]
 
 log = logging.getLogger(__name__)
 
@@ -279,36 +279,50 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
     if spec.source == "ucxcomm":
         _install_task_dump(spec.rank)
     if client is not None:
-        client.on_dead = world.peer_failed
-        host_rank = 0 if not spec.source == "ucxcomm" else None
-
-        def lost(closing: bool) -> None:
-            if world.closed:
-                return
-            if host_rank is not None and spec.rank != host_rank:
-                world.peer_failed(host_rank, quiet=closing)  # (its store shut down)
-            else:
-                log.warning("rank %d: lost the bootstrap store (launcher gone?)", spec.rank)
-                for r in range(spec.size):
-                    world.peer_failed(r)
-
-        client.on_lost = lost
-        for r in await client.join(spec.rank, timeout):
-            world.peer_failed(r)
-
-        async def leave() -> None:
-            assert client is not None
-            await client.leave()
-            if server is not None:
-                # Serve until the other ranks have left too (bounded).
-                await server.wait_until_gone(spec.size, timeout=10.0)
-            await client.close()
-            if server is not None:
-                await server.close()
-
-        world.closers.append(leave)
+        await watch_peers(world, client, server,
+                          host_rank=0 if not spec.source == "ucxcomm" else None,
+                          timeout=timeout)
     log.debug("rank %d/%d: world formed via %s", spec.rank, spec.size, spec.source)
     return world
+
+
+async def watch_peers(world: World, client: StoreClient, server: StoreServer | None, *,
+                      host_rank: int | None, timeout: float) -> None:
+    """Make ``client``'s store connection ``world``'s liveness watch.
+
+    Joins the store as ``world.rank``: when another joined rank drops without leaving,
+    what waits on it fails with ``PeerFailure``. ``host_rank`` is the rank whose process
+    serves the store (None: the launcher does); losing the store means that rank died.
+    Closing the world leaves the store, and a hosting rank (``server``) serves it until
+    the others have left too (bounded), then closes it.
+    """
+    rank, size = world.rank, world.size
+    client.on_dead = world.peer_failed
+
+    def lost(closing: bool) -> None:
+        if world.closed:
+            return
+        if host_rank is not None and rank != host_rank:
+            world.peer_failed(host_rank, quiet=closing)  # (its store shut down)
+        else:
+            log.warning("rank %d: lost the bootstrap store (launcher gone?)", rank)
+            for r in range(size):
+                world.peer_failed(r)
+
+    client.on_lost = lost
+    for r in await client.join(rank, timeout):
+        world.peer_failed(r)
+
+    async def leave() -> None:
+        await client.leave()
+        if server is not None:
+            # Serve until the other ranks have left too (bounded).
+            await server.wait_until_gone(size, timeout=10.0)
+        await client.close()
+        if server is not None:
+            await server.close()
+
+    world.closers.append(leave)
 
 
 def _install_task_dump(rank: int) -> None:

@@ -1,7 +1,9 @@
 """``ucxcomm run``: start N local ranks like mpirun, and never leave one behind.
 
 The launcher hosts the bootstrap store, gives each rank ``UCXCOMM_RANK``/``SIZE``/
-``STORE``/``TOKEN``, forwards output (optionally prefixed ``[rank]``), and ends the job
+``STORE``/``TOKEN`` (and torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``, for torch.distributed), forwards
+output (optionally prefixed ``[rank]``), and ends the job
 when the first rank fails: the others get SIGTERM, then SIGKILL after a grace period.
 The job's exit code is the first failing rank's (128+signal for a signal); ranks that
 exit 0 do not end the job. SIGINT/SIGTERM to the launcher reach every rank.
@@ -14,6 +16,7 @@ import contextlib
 import os
 import secrets
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -26,6 +29,12 @@ KILL_GRACE_S = 5.0
 
 def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _command(argv: Sequence[str]) -> list[str]:
@@ -105,6 +114,11 @@ class _Job:
             base.setdefault("PYTHONFAULTHANDLER", "1")
             base.update(UCXCOMM_SIZE=str(self.nprocs), UCXCOMM_STORE=f"127.0.0.1:{server.port}",
                         UCXCOMM_TOKEN=token, UCXCOMM_LOCAL_SIZE=str(self.nprocs))
+            # torchrun's variables too, so that torch.distributed's default env://
+            # rendezvous works unchanged (ucxcomm itself reads UCXCOMM_* first). torch's
+            # store (on rank 0) gets a port free now.
+            base.update(WORLD_SIZE=str(self.nprocs), LOCAL_WORLD_SIZE=str(self.nprocs),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
             # Output always goes through the launcher, a whole line at a time; ranks
             # write unbuffered so that it comes as it is printed.
             pipe = asyncio.subprocess.PIPE
@@ -124,7 +138,8 @@ class _Job:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, on_signal, sig)
             for rank in range(self.nprocs):
-                env = dict(base, UCXCOMM_RANK=str(rank), UCXCOMM_LOCAL_RANK=str(rank))
+                env = dict(base, UCXCOMM_RANK=str(rank), UCXCOMM_LOCAL_RANK=str(rank),
+                           RANK=str(rank), LOCAL_RANK=str(rank))
                 try:
                     proc = await asyncio.create_subprocess_exec(
                         *self.cmd, env=env, stdout=pipe, stderr=pipe, stdin=None,

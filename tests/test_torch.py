@@ -1,0 +1,174 @@
+"""The torch.distributed backend (``import ucxcomm.torch``; ``init_process_group("ucxcomm")``)
+through real processes: every op against gloo on the same inputs at 2 and 3 ranks, under
+``ucxcomm run`` and torchrun's variables; DDP against gloo; a killed rank; timeouts; the
+example under ``torchrun`` and ``ucxcomm run``.
+
+Needs torch (the ``torch`` extra, which CI installs).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ucxcomm.testing import clean_env, launch, run_ranks
+
+torch = pytest.importorskip("torch", reason="the torch backend needs torch ('ucxcomm[torch]')")
+
+ROOT = Path(__file__).resolve().parent.parent
+PROG = str(ROOT / "tests" / "spmd" / "torch_prog.py")
+EXAMPLE = str(ROOT / "examples" / "torch_ddp.py")
+_TAIL = 6000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _torchrun_envs(nranks: int, **extra: str) -> list[dict[str, str]]:
+    port = str(_free_port())
+    return [dict(clean_env(), RANK=str(r), WORLD_SIZE=str(nranks), LOCAL_RANK=str(r),
+                 LOCAL_WORLD_SIZE=str(nranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                 **extra) for r in range(nranks)]
+
+
+def _under_launcher(scenario: str, nranks: int) -> None:
+    proc = launch(nranks, [sys.executable, PROG, scenario], timeout=90)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-_TAIL:]}"
+    for r in range(nranks):
+        assert f"TORCH-OK {scenario} rank {r}" in proc.stdout, out[-_TAIL:]
+
+
+def test_import_is_optional_and_registers_the_backend():
+    code = ("import sys, ucxcomm; assert 'torch' not in sys.modules, 'ucxcomm imported torch'\n"
+            "import torch.distributed as dist\n"
+            "assert 'ucxcomm' not in dist.Backend.backend_list\n"
+            "import ucxcomm.torch\n"
+            "assert dist.Backend.UCXCOMM == 'ucxcomm' and dist.is_backend_available('ucxcomm')\n"
+            "assert ucxcomm.torch.PeerFailureError.__mro__.index(dist.DistBackendError)\n"
+            "print('IMPORT-OK')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=clean_env())
+    assert proc.returncode == 0 and "IMPORT-OK" in proc.stdout, proc.stderr[-_TAIL:]
+
+
+def test_launcher_exports_torchrun_variables():
+    """``ucxcomm run`` gives each rank torchrun's variables, so that torch's default
+    env:// rendezvous works under it unchanged."""
+    code = ("import os; print('ENV', *(os.environ[k] for k in ('RANK', 'LOCAL_RANK', "
+            "'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR')), "
+            "int(os.environ['MASTER_PORT']) > 0)")
+    proc = launch(3, [sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-_TAIL:]
+    for r in range(3):
+        assert f"[{r}] ENV {r} {r} 3 3 127.0.0.1 True" in proc.stdout, proc.stdout
+
+
+def test_liveness_address(monkeypatch):
+    """Where rank 0 serves the liveness store: loopback when torch's store is local
+    (found under PrefixStores), or when there is no TCPStore and no MASTER_ADDR."""
+    import torch.distributed as dist
+
+    from ucxcomm.torch._bootstrap import liveness_address
+
+    tcp = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    assert liveness_address(dist.PrefixStore("g/", dist.PrefixStore("cpu/", tcp))) == \
+        ("127.0.0.1", "127.0.0.1")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    assert liveness_address(dist.HashStore()) == ("127.0.0.1", "127.0.0.1")
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_ops_against_gloo(nranks):
+    """Every op (all_reduce with each ReduceOp and several dtypes, broadcast, reduce,
+    all_gather(_into_tensor), gather, scatter, reduce_scatter(_tensor), all_to_all(_single
+    with splits), objects, send/recv, recv_anysource, batch_isend_irecv, barriers) equals
+    gloo's result on the same inputs; unsupported ops raise at the call."""
+    _under_launcher("ops", nranks)
+
+
+def test_ops_with_torchrun_variables():
+    """The same, started rank by rank with torchrun's variables (no ucxcomm launcher):
+    the world forms through torch's own store."""
+    run_ranks([[sys.executable, PROG, "ops"]] * 2, _torchrun_envs(2), "TORCH-OK ops rank {rank}",
+              timeout=90)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_ddp_matches_gloo(nranks):
+    """DDP for 30 steps: parameters identical to gloo's run at 2 ranks (a two-term sum
+    is the same in any order), allclose at 3."""
+    _under_launcher("ddp", nranks)
+
+
+def test_subgroup():
+    """new_group(backend="ucxcomm") of ranks 0 and 2, beside the default group."""
+    _under_launcher("subgroup", 3)
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_killed_rank_fails_the_others_wait(victim):
+    """A rank SIGKILLed instead of joining the others' all_reduce: their Work.wait()
+    raises PeerFailureError naming it (rank 0 also serves the liveness store), and the
+    group refuses further collectives. Started rank by rank: ``ucxcomm run`` would end
+    the job at the first death."""
+    envs = _torchrun_envs(3, KILL_RANK=str(victim))
+    procs = [subprocess.Popen([sys.executable, PROG, "kill"], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL) for env in envs]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=90)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        if r == victim:
+            assert p.returncode == -9, f"rank {r}: exit {p.returncode}\n{out[-_TAIL:]}"
+            continue
+        assert p.returncode == 0, f"rank {r}: exit {p.returncode}\n{out[-_TAIL:]}"
+        raised = [ln for ln in out.splitlines() if ln.startswith(f"RAISED rank {r}: ")]
+        assert raised and f"rank {victim}" in raised[0], out[-_TAIL:]  # (exc.peer checked too)
+        assert f"TORCH-OK kill rank {r}" in out, out[-_TAIL:]
+
+
+def test_timeout_from_init_process_group():
+    """init_process_group(timeout=8 s): an all_reduce one rank never joins fails with
+    WorkTimeoutError after about 8 s instead of hanging."""
+    run_ranks([[sys.executable, PROG, "timeout"]] * 2, _torchrun_envs(2),
+              "TORCH-OK timeout rank {rank}", timeout=90)
+
+
+def test_example_under_ucxcomm_run():
+    proc = launch(2, [sys.executable, EXAMPLE, "--steps", "40"], timeout=90)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-_TAIL:]
+    assert "rank 0: done" in proc.stdout and "rank 1: done" in proc.stdout, out[-_TAIL:]
+    assert "replicas agree" in proc.stdout, out[-_TAIL:]
+
+
+def test_example_under_torchrun():
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(_free_port()), EXAMPLE, "--steps", "40"],
+        capture_output=True, text=True, timeout=100, env=clean_env(), stdin=subprocess.DEVNULL)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-_TAIL:]
+    assert "rank 0: done" in proc.stdout and "rank 1: done" in proc.stdout, out[-_TAIL:]
+
+
+@pytest.mark.gpu
+def test_cuda_tensors():
+    """CUDA tensors (each rank on device LOCAL_RANK % device count) against gloo on the
+    same values copied to the host."""
+    _under_launcher("cuda", 2)

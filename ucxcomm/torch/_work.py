@@ -1,0 +1,243 @@
+"""``Work``: what every call of the ucxcomm process group returns, and the event-loop
+thread that runs the operations behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import threading
+from collections.abc import Callable, Coroutine
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import CommTimeoutError, PeerFailure, UcxCommError
+
+__all__ = ["LoopThread", "PeerFailureError", "Work", "WorkError", "WorkTimeoutError",
+           "loop_thread"]
+
+
+class WorkError(UcxCommError, dist.DistBackendError):
+    """An operation of a ucxcomm process group failed (torch's ``DistBackendError``)."""
+
+
+class PeerFailureError(PeerFailure, WorkError):
+    """A rank of the group died or left without closing (``.peer``: its rank); every
+    pending and later collective of the group, and what involves that rank, fails."""
+
+
+class WorkTimeoutError(CommTimeoutError, WorkError):
+    """An operation did not complete within the group's (or the call's) timeout."""
+
+
+def translate(exc: BaseException, what: str) -> BaseException:
+    """The exception a torch caller sees for ``exc``, raised by operation ``what``;
+    argument errors (ValueError, TypeError) pass unchanged."""
+    if isinstance(exc, (WorkError, PeerFailureError, WorkTimeoutError)):
+        return exc
+    if isinstance(exc, PeerFailure):
+        new: BaseException = PeerFailureError(f"ucxcomm {what}: {exc}", peer=exc.peer)
+    elif isinstance(exc, (CommTimeoutError, TimeoutError)):
+        new = WorkTimeoutError(f"ucxcomm {what}: {exc}")
+    elif isinstance(exc, (ValueError, TypeError, NotImplementedError)):
+        return exc
+    else:
+        new = WorkError(f"ucxcomm {what} failed: {type(exc).__name__}: {exc}")
+    new.__cause__ = exc
+    return new
+
+
+class LoopThread:
+    """The event loop, on its own daemon thread, that runs every ucxcomm process group
+    of this process (UCX progress included). torch calls arrive on torch's threads and
+    hand their work over with :meth:`call`; :meth:`run` waits for a coroutine's result.
+    """
+
+    NAME = "ucxcomm-torch"
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name=self.NAME, daemon=True)
+        self._closers: list[Callable[[], Coroutine[Any, Any, None]]] = []
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def on_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop (thread-safe; calls run in the order made)."""
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
+        """Run ``coro`` on the loop and return its result (from any other thread).
+
+        Raises
+        ------
+        WorkTimeoutError
+            It did not finish within ``timeout`` seconds (it is cancelled).
+        """
+        if self.on_thread():
+            coro.close()
+            raise RuntimeError("ucxcomm: a blocking call was made on the ucxcomm event-loop "
+                               "thread (from a future's callback?); wait from another thread")
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except TimeoutError:
+            if fut.done():
+                raise
+            fut.cancel()
+            raise WorkTimeoutError(f"ucxcomm: no answer within {timeout:g} s") from None
+
+    def add_closer(self, closer: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self._closers.append(closer)
+
+    def remove_closer(self, closer: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        if closer in self._closers:
+            self._closers.remove(closer)
+
+    def shutdown(self) -> None:
+        """Close every group still open (at interpreter exit), then stop the loop."""
+        closers, self._closers = self._closers, []
+
+        async def close_all() -> None:
+            for closer in closers:
+                try:
+                    await closer()
+                except Exception:  # pragma: no cover - best effort at exit
+                    pass
+
+        if closers:
+            try:
+                self.run(close_all(), timeout=20.0)
+            except Exception:  # pragma: no cover - best effort at exit
+                pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5.0)
+
+
+_loop_thread: LoopThread | None = None
+_loop_lock = threading.Lock()
+
+
+def loop_thread() -> LoopThread:
+    """This process's :class:`LoopThread`, started on first use."""
+    global _loop_thread
+    with _loop_lock:
+        if _loop_thread is None:
+            _loop_thread = LoopThread()
+            atexit.register(_loop_thread.shutdown)
+        return _loop_thread
+
+
+class Work(dist.Work):
+    """One operation of a ucxcomm process group, running on the loop thread.
+
+    ``wait()`` blocks until it finishes and raises what made it fail
+    (:class:`PeerFailureError` naming the dead rank, :class:`WorkTimeoutError`, ...);
+    ``get_future()`` gives a ``torch.futures.Future`` completed with :meth:`result`
+    (DDP's communication hooks chain on it); ``_source_rank()`` is the sender a
+    ``recv_anysource`` matched.
+    """
+
+    def __init__(self, what: str, outputs: list[torch.Tensor], deadline: float) -> None:
+        super().__init__()
+        self.what = what
+        self._outputs = outputs
+        self._deadline = deadline  # seconds: the outermost bound of a plain wait()
+        # Held until the operation ends (a bare lock: cheaper than an Event per call).
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._done = False
+        self._lock = threading.Lock()
+        self._exc: BaseException | None = None
+        self._source = -1
+        self._future: torch.futures.Future | None = None
+        self.keep: Any = None  # what must stay alive until the operation ends
+        self.after: Callable[[], None] | None = None  # runs on success, before completion
+
+    # ------------------------------------------------- completion (loop thread)
+    def finish(self, exc: BaseException | None = None, source: int = -1) -> None:
+        """Complete the Work (the first call only; later ones are ignored)."""
+        if self._done:
+            return
+        if exc is None and self.after is not None:
+            try:
+                self.after()
+            except Exception as err:  # (a copy-out failed)
+                exc = err
+        if exc is not None:
+            exc = translate(exc, self.what)
+        with self._lock:
+            self._exc, self._source = exc, source
+            self.keep = self.after = None
+            self._done = True
+            fut = self._future
+        self._gate.release()
+        if fut is not None:
+            self._settle(fut)
+
+    def _settle(self, fut: torch.futures.Future) -> None:
+        if self._exc is not None:
+            fut.set_exception(self._exc)
+        else:
+            fut.set_result(self._outputs)
+
+    # ------------------------------------------------------------ torch's API
+    def is_completed(self) -> bool:
+        return self._done
+
+    def is_success(self) -> bool:
+        return self._done and self._exc is None
+
+    def exception(self) -> BaseException | None:
+        return self._exc
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
+            limit = timeout.total_seconds()
+        else:
+            limit = self._deadline
+        if not self._done:
+            if threading.current_thread().name == LoopThread.NAME:
+                raise RuntimeError(f"ucxcomm {self.what}: Work.wait() on the ucxcomm thread "
+                                   "(from a future's callback?) would wait forever; chain "
+                                   "with Future.then() instead")
+            if not self._gate.acquire(timeout=limit):
+                raise WorkTimeoutError(f"ucxcomm {self.what}: not complete after {limit:g} s")
+            self._gate.release()  # (for any other waiter)
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._outputs
+
+    def source_rank(self) -> int:
+        return self._source_rank()
+
+    def _source_rank(self) -> int:
+        self.wait()
+        if self._source < 0:
+            raise ValueError(f"ucxcomm {self.what}: only recv_anysource has a source rank")
+        return self._source
+
+    def get_future(self) -> torch.futures.Future:
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            fut = self._future = torch.futures.Future()
+            done = self._done
+        if done:
+            self._settle(fut)
+        return fut

@@ -1,0 +1,767 @@
+"""``ProcessGroupUCXComm``: torch.distributed's ProcessGroup API on ucxcomm collectives.
+
+torch calls arrive on torch's threads (the caller's, autograd's for DDP). Each call checks
+its arguments there (errors at the call, before anything moves), then hands the
+operation to the process's ucxcomm event-loop thread in call order, and returns a
+:class:`~ucxcomm.torch._work.Work` at once. The loop thread starts the ucxcomm
+collective (which takes its sequence number then, so every rank runs the operations in
+the order torch issued them) and completes the Work when it ends.
+
+Tensors: CPU tensors are handed to ucxcomm as numpy views (``tensor.numpy()``, zero
+copy); CUDA tensors as themselves (``__cuda_array_interface__``), after the current
+stream has finished producing them. Operations that only move data work on byte views,
+so every dtype works (``bfloat16`` included); reductions use the tensor's dtype, except
+``bfloat16``, which is reduced in ``float32`` and rounded once at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import comm as _c
+from ..comm import IN_PLACE, TAG_UB, Op
+from ..errors import PeerFailure, UnsupportedError
+from ._bootstrap import form_world
+from ._work import PeerFailureError, Work, WorkError, WorkTimeoutError, loop_thread
+
+__all__ = ["BACKEND_NAME", "ProcessGroupUCXComm", "create_process_group"]
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAME = "ucxcomm"
+
+_R = dist.ReduceOp  # (its SUM, AVG... are RedOpType values, what opts.reduceOp.op is)
+#: torch reduction -> ucxcomm op (AVG: a SUM divided by the group's size).
+_OPS: dict[Any, Op] = {_R.SUM: _c.SUM, _R.PRODUCT: _c.PROD, _R.MIN: _c.MIN, _R.MAX: _c.MAX,
+                       _R.BAND: _c.BAND, _R.BOR: _c.BOR, _R.BXOR: _c.BXOR, _R.AVG: _c.SUM}
+_INTEGRAL = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+#: dtypes numpy reduces (bfloat16 is reduced through a float32 copy).
+_REDUCIBLE = (*_INTEGRAL, torch.float16, torch.float32, torch.float64, torch.complex64,
+              torch.complex128)
+_GRACE_S = 30.0  # a plain Work.wait() waits the operation's timeout plus this
+
+
+def _seconds(timeout: Any) -> float | None:
+    """A timedelta as seconds; None when unset (torch's default is negative)."""
+    if isinstance(timeout, timedelta):
+        s = timeout.total_seconds()
+        return s if s > 0 else None
+    return None
+
+
+def _tensor(t: Any, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"ucxcomm {what}: expected a tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise ValueError(f"ucxcomm {what}: {t.layout} tensors are not supported "
+                         "(dense tensors only)")
+    if not t.is_contiguous():
+        raise ValueError(f"ucxcomm {what}: the tensor is not contiguous; pass "
+                         "tensor.contiguous()")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"ucxcomm {what}: tensors on {t.device.type} are not supported "
+                         "(CPU and CUDA only)")
+    if t.is_conj() or t.is_neg():
+        raise ValueError(f"ucxcomm {what}: resolve the tensor's conjugate/negative view "
+                         "first (tensor.resolve_conj(), .resolve_neg())")
+    return t
+
+
+def _one(tensors: Sequence[Any], what: str) -> torch.Tensor:
+    if len(tensors) != 1:
+        raise ValueError(f"ucxcomm {what}: expected one tensor, got {len(tensors)}")
+    return _tensor(tensors[0], what)
+
+
+def _same_device(tensors: Sequence[torch.Tensor], what: str) -> None:
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        raise ValueError(f"ucxcomm {what}: tensors on several devices "
+                         f"({sorted(map(str, devices))})")
+
+
+def _bytes(t: torch.Tensor) -> Any:
+    """A flat uint8 view of ``t``'s memory, in the form ucxcomm takes for its device."""
+    flat = t.detach().reshape(-1).view(torch.uint8)
+    return flat.numpy() if flat.device.type == "cpu" else flat
+
+
+def _elements(t: torch.Tensor) -> Any:
+    """A flat view of ``t`` in its own dtype (numpy on the host)."""
+    if t.device.type == "cpu":
+        return (t.detach() if t.requires_grad else t).numpy().reshape(-1)
+    return t.detach().reshape(-1)
+
+
+def _op(reduce_op: Any, dtype: torch.dtype, what: str) -> tuple[Op, bool]:
+    """The ucxcomm op for torch's ``reduce_op`` on ``dtype``, and whether it is AVG.
+
+    Raises
+    ------
+    ValueError
+        An op ucxcomm does not support (``PREMUL_SUM``), or one that makes no sense on
+        ``dtype`` (bitwise on floats, MIN/MAX on complex, AVG on integers).
+    """
+    kind = getattr(reduce_op, "op", reduce_op)
+    op = _OPS.get(kind)
+    if op is None:
+        raise ValueError(f"ucxcomm {what}: ReduceOp {getattr(kind, 'name', kind)} is not "
+                         f"supported (supported: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)")
+    if dtype not in _REDUCIBLE and dtype != torch.bfloat16:
+        raise ValueError(f"ucxcomm {what}: cannot reduce {dtype} tensors")
+    if op in (_c.BAND, _c.BOR, _c.BXOR) and dtype not in _INTEGRAL:
+        raise ValueError(f"ucxcomm {what}: {kind.name} needs integer or bool tensors, "
+                         f"got {dtype}")
+    if op in (_c.MIN, _c.MAX) and dtype.is_complex:
+        raise ValueError(f"ucxcomm {what}: {kind.name} is not defined on {dtype}")
+    avg = kind == _R.AVG
+    if avg and (dtype in _INTEGRAL):
+        raise ValueError(f"ucxcomm {what}: AVG needs floating-point tensors, got {dtype}")
+    return op, avg
+
+
+class _Reducible:
+    """A tensor as a reduction operand: a view in its own dtype, or (bfloat16) a float32
+    copy whose result :meth:`store` rounds back."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor = t
+        self.stage = t.detach().float() if t.dtype == torch.bfloat16 else None
+        self.arr = _elements(self.stage if self.stage is not None else t)
+
+    def store(self, divide: int = 1) -> None:
+        if self.stage is not None:
+            if divide != 1:
+                self.stage.div_(divide)
+            self.tensor.detach().copy_(self.stage.reshape(self.tensor.shape))
+        elif divide != 1:
+            self.tensor.detach().div_(divide)
+        _sync(self.tensor)
+
+
+def _need_cupy(what: str) -> None:
+    """CUDA tensors are reduced with cupy kernels: without cupy, say so at the call."""
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        raise UnsupportedError(f"ucxcomm {what}: CUDA tensors need cupy (pip install "
+                               "'ucxcomm[gpu]')") from None
+
+
+def _sync(t: torch.Tensor) -> None:
+    """Wait for what this (loop) thread queued on ``t``'s device: the Work completes
+    with the tensor ready on every stream."""
+    if t.is_cuda:
+        torch.cuda.current_stream(t.device).synchronize()
+
+
+def _then(*fns: Callable[[], None] | None) -> Callable[[], None] | None:
+    todo = [f for f in fns if f is not None]
+    if not todo:
+        return None
+
+    def run() -> None:
+        for f in todo:
+            f()
+    return run
+
+
+class ProcessGroupUCXComm(dist.ProcessGroup):
+    """A torch.distributed process group whose operations run on ucxcomm.
+
+    Created by ``torch.distributed.init_process_group("ucxcomm")`` (and ``new_group(...,
+    backend="ucxcomm")``) once ``ucxcomm.torch`` is imported; not meant to be built
+    directly.
+
+    Parameters
+    ----------
+    store : torch.distributed.Store
+        The group's store (from torch); the ranks exchange UCX addresses through it.
+    rank, size : int
+        This process's rank in the group, and the group's size.
+    timeout : datetime.timedelta
+        ``init_process_group(timeout=)``: the deadline of forming the group and of each
+        operation (an operation that runs out fails with ``WorkTimeoutError`` and the
+        group is unusable afterwards, as with gloo and NCCL).
+
+    Raises
+    ------
+    ucxcomm.BootstrapError, torch.distributed.DistStoreError
+        The group could not form (a rank missing, the liveness store unreachable).
+    """
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
+        super().__init__(rank, size)  # type: ignore[call-arg]  # (the stub lacks it)
+        self._rank, self._size = rank, size
+        self._timeout = _seconds(timeout) or 1800.0
+        self._lt = loop_thread()
+        self._world = form_world(self._lt, store, rank, size, self._timeout)
+        self._comm = self._world.comm
+        self._broken: BaseException | None = None
+        self._closed = False
+        self._collecting = threading.local()
+        # Operations running on the loop: work -> (task, whether it needs every member).
+        self._inflight: dict[Work, tuple[asyncio.Task, bool]] = {}
+        self._world.failure_listeners.append(self._peer_died)
+        self._lt.add_closer(self._close)
+
+    # ------------------------------------------------------------ identity
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupUCXComm(rank={self._rank}, size={self._size})"
+
+    # --------------------------------------------------------- machinery
+    def _check_open(self, what: str, collective: bool = True) -> None:
+        if self._closed:
+            raise WorkError(f"ucxcomm {what}: the process group was shut down")
+        if self._broken is not None and collective:
+            msg = f"ucxcomm {what}: the process group is unusable after an earlier " \
+                  f"failure: {self._broken}"
+            if isinstance(self._broken, PeerFailure):
+                raise PeerFailureError(msg, peer=self._broken.peer) from self._broken
+            raise WorkError(msg) from self._broken
+
+    def _peer(self, rank: Any, what: str) -> int:
+        if type(rank) is not int or not 0 <= rank < self._size:
+            raise ValueError(f"ucxcomm {what}: rank {rank!r} is not in the group "
+                             f"(0..{self._size - 1})")
+        return rank
+
+    def _submit(self, what: str, outputs: list[torch.Tensor],
+                start: Callable[[], Awaitable[Any]], *, keep: Any = None,
+                after: Callable[[], None] | None = None, opts: Any = None,
+                source: bool = False, cuda: Sequence[torch.Tensor] = (),
+                collective: bool = True) -> Work:
+        """Hand the operation ``start`` (called on the loop thread; it starts the ucxcomm
+        operation and returns its awaitable) over and return its Work. ``collective``:
+        it needs every member (a death fails it, see :meth:`_peer_died`)."""
+        self._check_open(what, collective)
+        plans = getattr(self._collecting, "plans", None)
+        if plans is not None:  # (part of a coalesced call: see _several)
+            plans.append((what, outputs, start, keep, after, cuda))
+            return None  # type: ignore[return-value]
+        timeout = _seconds(getattr(opts, "timeout", None)) or self._timeout
+        device = None
+        for t in cuda:
+            if t.is_cuda:  # the loop thread reads what the current stream produces
+                _need_cupy(what)
+                device = t.device
+                torch.cuda.current_stream(device).synchronize()
+                break
+        work = Work(what, outputs, timeout + _GRACE_S)
+        work.keep, work.after = keep, after
+        self._lt.call(self._begin, work, start, timeout, source, device, collective)
+        return work
+
+    def _begin(self, work: Work, start: Callable[[], Awaitable[Any]], timeout: float,
+               source: bool, device: torch.device | None, collective: bool) -> None:
+        if self._broken is not None and collective:  # (a death between call and here)
+            work.finish(self._broken)
+            return
+        try:
+            if device is not None:  # (cupy allocates and reduces on the current device)
+                torch.cuda.set_device(device)
+            aw = start()
+        except Exception as exc:
+            work.finish(exc)
+            return
+        task = self._lt.loop.create_task(self._drive(work, aw, timeout, source))
+        self._inflight[work] = (task, collective)
+
+    def _peer_died(self, rank: int) -> None:
+        """A member died (the liveness store said so; on the loop): every collective in
+        flight fails now naming it, since none can complete without it, even on ranks
+        whose algorithm waits on another member rather than on the dead one; the group
+        takes no more collectives. Point-to-point operations with live ranks go on."""
+        from ..transport.worker import PEER_GRACE_S
+
+        exc = PeerFailureError(f"rank {rank} died or left the job without closing",
+                               peer=rank)
+        if self._broken is None:
+            self._broken = exc
+
+        def fail() -> None:
+            for work, (task, collective) in list(self._inflight.items()):
+                if collective and not work.is_completed():
+                    work.finish(exc)
+                    task.cancel()  # (withdraws its receives: the tensors stay untouched)
+
+        # After the transport's grace period: what it sent before dying is still
+        # delivered, so collectives it had completed its part of finish normally.
+        self._lt.loop.call_later(PEER_GRACE_S * 1.5, fail)
+
+    async def _drive(self, work: Work, aw: Awaitable[Any], timeout: float,
+                     source: bool) -> None:
+        try:
+            async with asyncio.timeout(timeout) as deadline:
+                result = await aw
+        except asyncio.CancelledError:
+            work.finish(WorkError(f"ucxcomm {work.what}: cancelled (shutting down)"))
+            self._inflight.pop(work, None)
+            raise
+        except Exception as exc:
+            if isinstance(exc, TimeoutError) and deadline.expired():
+                exc = WorkTimeoutError(
+                    f"ucxcomm {work.what}: not complete after {timeout:g} s (the group's "
+                    "timeout, init_process_group(timeout=)); the group is unusable now")
+            if isinstance(exc, (WorkTimeoutError, PeerFailure)) and self._broken is None:
+                self._broken = exc  # (the collectives are out of step from here on)
+            work.finish(exc)
+        else:
+            work.finish(source=result.source if source else -1)
+        self._inflight.pop(work, None)
+
+    def _flat(self, what: str, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The tensors' bytes concatenated (a copy)."""
+        return torch.cat([t.detach().reshape(-1).view(torch.uint8) for t in tensors])
+
+    # ============================================================ collectives
+    def allreduce(self, tensors: list[torch.Tensor],  # type: ignore[override]
+                  opts: Any = None) -> Work:
+        opts = dist.AllreduceOptions() if opts is None else opts
+        t = _one(tensors, "allreduce")
+        op, avg = _op(opts.reduceOp, t.dtype, "allreduce")
+        r = _Reducible(t)
+        size = self._size
+        return self._submit("allreduce", [t], lambda: self._comm.Allreduce(IN_PLACE, r.arr, op),
+                            keep=r, after=(lambda: r.store(size if avg else 1))
+                            if avg or r.stage is not None else None,
+                            opts=opts, cuda=[t])
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        opts = dist.AllreduceCoalescedOptions() if opts is None else opts
+        if not tensors:
+            raise ValueError("ucxcomm allreduce_coalesced: no tensors")
+        ts = [_tensor(t, "allreduce_coalesced") for t in tensors]
+        _same_device(ts, "allreduce_coalesced")
+        if len({t.dtype for t in ts}) != 1:
+            raise ValueError("ucxcomm allreduce_coalesced: the tensors must share a dtype")
+        op, avg = _op(opts.reduceOp, ts[0].dtype, "allreduce_coalesced")
+        flat = torch.cat([t.detach().reshape(-1) for t in ts])
+        r = _Reducible(flat)
+        size = self._size
+
+        def copy_back() -> None:
+            r.store(size if avg else 1)
+            offset = 0
+            for t in ts:
+                n = t.numel()
+                t.detach().copy_(flat[offset:offset + n].view(t.shape))
+                offset += n
+            _sync(flat)
+
+        return self._submit("allreduce_coalesced", ts,
+                            lambda: self._comm.Allreduce(IN_PLACE, r.arr, op),
+                            keep=r, after=copy_back, opts=opts, cuda=ts)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
+        opts = dist.BroadcastOptions() if opts is None else opts
+        t = _one(tensors, "broadcast")
+        root = self._peer(opts.rootRank, "broadcast root")
+        buf = _bytes(t)
+        return self._submit("broadcast", [t], lambda: self._comm.Bcast(buf, root),
+                            keep=buf, opts=opts, cuda=[t])
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
+        opts = dist.ReduceOptions() if opts is None else opts
+        t = _one(tensors, "reduce")
+        root = self._peer(opts.rootRank, "reduce root")
+        op, avg = _op(opts.reduceOp, t.dtype, "reduce")
+        r = _Reducible(t)
+        size = self._size
+        if self._rank == root:
+            def start() -> Awaitable[Any]:
+                return self._comm.Reduce(IN_PLACE, r.arr, op, root)
+            after = (lambda: r.store(size if avg else 1)) if avg or r.stage is not None \
+                else None
+        else:
+            def start() -> Awaitable[Any]:
+                return self._comm.Reduce(r.arr, None, op, root)
+            after = None
+        return self._submit("reduce", [t], start, keep=r, after=after, opts=opts, cuda=[t])
+
+    def _gather_into(self, what: str, outputs: Sequence[torch.Tensor],
+                     inp: torch.Tensor) -> tuple[Any, list[int], Callable[[], None]]:
+        """A staging buffer for ``outputs`` (one per rank), byte counts, and the copy-out."""
+        if len(outputs) != self._size:
+            raise ValueError(f"ucxcomm {what}: expected {self._size} output tensors, got "
+                             f"{len(outputs)}")
+        outs = [_tensor(o, what) for o in outputs]
+        for o in outs:
+            if o.dtype != inp.dtype:
+                raise TypeError(f"ucxcomm {what}: output dtype {o.dtype} differs from the "
+                                f"input's {inp.dtype}")
+        _same_device([inp, *outs], what)
+        counts = [o.numel() * o.element_size() for o in outs]
+        stage = torch.empty(sum(counts), dtype=torch.uint8, device=inp.device)
+
+        def copy_out() -> None:
+            offset = 0
+            for o, n in zip(outs, counts, strict=True):
+                o.detach().reshape(-1).view(torch.uint8).copy_(stage[offset:offset + n])
+                offset += n
+            _sync(stage)
+        return stage, counts, copy_out
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]
+                  input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        inp = _one(input_tensors, "allgather")
+        if len(output_tensors) != 1:
+            raise ValueError("ucxcomm allgather: expected one list of output tensors")
+        stage, counts, copy_out = self._gather_into("allgather", output_tensors[0], inp)
+        if counts[self._rank] != inp.numel() * inp.element_size():
+            raise ValueError("ucxcomm allgather: this rank's output tensor and the input "
+                             "differ in size")
+        send, recv = _bytes(inp), _bytes(stage)
+        return self._submit("allgather", list(output_tensors[0]),
+                            lambda: self._comm.Allgatherv(send, (recv, counts)),
+                            keep=(send, recv, stage), after=copy_out, opts=opts,
+                            cuda=[inp])
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> Work:
+        out, inp = _tensor(output, "all_gather_into_tensor"), _tensor(input,
+                                                                      "all_gather_into_tensor")
+        if out.dtype != inp.dtype:
+            raise TypeError(f"ucxcomm all_gather_into_tensor: dtypes differ ({out.dtype} "
+                            f"vs {inp.dtype})")
+        if out.numel() != inp.numel() * self._size:
+            raise ValueError(f"ucxcomm all_gather_into_tensor: the output has {out.numel()} "
+                             f"elements, {inp.numel() * self._size} expected")
+        _same_device([out, inp], "all_gather_into_tensor")
+        send, recv = _bytes(inp), _bytes(out)
+        return self._submit("all_gather_into_tensor", [out],
+                            lambda: self._comm.Allgather(send, recv), keep=(send, recv),
+                            opts=opts, cuda=[inp])
+
+    _allgather_base = all_gather_single
+
+    def _several(self, what: str, calls: Callable[[], None], opts: Any) -> Work:
+        """One Work for the operations that ``calls`` issues (on this thread): they are
+        collected instead of submitted, then started together, in order."""
+        plans: list[tuple[Any, ...]] = []
+        self._collecting.plans = plans
+        try:
+            calls()
+        finally:
+            self._collecting.plans = None
+        outputs = [t for p in plans for t in p[1]]
+        afters = [p[4] for p in plans if p[4] is not None]
+
+        def start() -> Awaitable[Any]:
+            return asyncio.gather(*[p[2]() for p in plans])  # (started in order)
+
+        def after() -> None:
+            for fn in afters:
+                fn()
+        return self._submit(what, outputs, start, keep=[p[3] for p in plans],
+                            after=after if afters else None, opts=opts,
+                            cuda=[t for p in plans for t in p[5]])
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
+                            input_list: list[torch.Tensor], opts: Any = None) -> Work:
+        if len(output_lists) != len(input_list):
+            raise ValueError("ucxcomm allgather_coalesced: one output list per input")
+
+        def calls() -> None:
+            for outs, inp in zip(output_lists, input_list, strict=True):
+                self.allgather([outs], [inp], opts)
+        return self._several("allgather_coalesced", calls, opts)
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        if len(outputs) != len(inputs):
+            raise ValueError("ucxcomm allgather_into_tensor_coalesced: one output per input")
+
+        def calls() -> None:
+            for o, i in zip(outputs, inputs, strict=True):
+                self.all_gather_single(o, i, opts)
+        return self._several("allgather_into_tensor_coalesced", calls, opts)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced  # type: ignore[assignment]
+
+    def gather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]
+               input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        opts = dist.GatherOptions() if opts is None else opts
+        inp = _one(input_tensors, "gather")
+        root = self._peer(opts.rootRank, "gather root")
+        send = _bytes(inp)
+        if self._rank != root:
+            return self._submit("gather", [], lambda: self._comm.Gatherv(send, None, root),
+                                keep=send, opts=opts, cuda=[inp])
+        if len(output_tensors) != 1:
+            raise ValueError("ucxcomm gather: the root needs one list of output tensors")
+        stage, counts, copy_out = self._gather_into("gather", output_tensors[0], inp)
+        if counts[root] != len(send):
+            raise ValueError("ucxcomm gather: the root's output tensor and its input differ "
+                             "in size")
+        recv = _bytes(stage)
+        return self._submit("gather", list(output_tensors[0]),
+                            lambda: self._comm.Gatherv(send, (recv, counts), root),
+                            keep=(send, recv, stage), after=copy_out, opts=opts, cuda=[inp])
+
+    def scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
+                input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
+        opts = dist.ScatterOptions() if opts is None else opts
+        out = _one(output_tensors, "scatter")
+        root = self._peer(opts.rootRank, "scatter root")
+        recv = _bytes(out)
+        if self._rank != root:
+            return self._submit("scatter", [out],
+                                lambda: self._comm.Scatterv(None, recv, root),
+                                keep=recv, opts=opts, cuda=[out])
+        if len(input_tensors) != 1 or len(input_tensors[0]) != self._size:
+            raise ValueError(f"ucxcomm scatter: the root needs one list of {self._size} "
+                             "input tensors")
+        ins = [_tensor(t, "scatter") for t in input_tensors[0]]
+        for t in ins:
+            if t.dtype != out.dtype:
+                raise TypeError(f"ucxcomm scatter: input dtype {t.dtype} differs from the "
+                                f"output's {out.dtype}")
+        _same_device([out, *ins], "scatter")
+        counts = [t.numel() * t.element_size() for t in ins]
+        if counts[root] != len(recv):
+            raise ValueError("ucxcomm scatter: the root's input and output tensors differ "
+                             "in size")
+        stage = self._flat("scatter", ins)
+        send = _bytes(stage)
+        return self._submit("scatter", [out],
+                            lambda: self._comm.Scatterv((send, counts), recv, root),
+                            keep=(send, recv, stage), opts=opts, cuda=ins)
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
+                       input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        out = _one(output_tensors, "reduce_scatter")
+        if len(input_tensors) != 1 or len(input_tensors[0]) != self._size:
+            raise ValueError(f"ucxcomm reduce_scatter: expected one list of {self._size} "
+                             "input tensors")
+        ins = [_tensor(t, "reduce_scatter") for t in input_tensors[0]]
+        for t in ins:
+            if t.dtype != out.dtype:
+                raise TypeError(f"ucxcomm reduce_scatter: input dtype {t.dtype} differs "
+                                f"from the output's {out.dtype}")
+        _same_device([out, *ins], "reduce_scatter")
+        if ins[self._rank].numel() != out.numel():
+            raise ValueError("ucxcomm reduce_scatter: this rank's input block and the "
+                             "output differ in size")
+        op, avg = _op(opts.reduceOp, out.dtype, "reduce_scatter")
+        counts = [t.numel() for t in ins]
+        src = _Reducible(torch.cat([t.detach().reshape(-1) for t in ins]))
+        dst = _Reducible(out)
+        size = self._size
+        return self._submit(
+            "reduce_scatter", [out],
+            lambda: self._comm.Reduce_scatter(src.arr, dst.arr, counts, op),
+            keep=(src, dst), opts=opts, cuda=ins,
+            after=(lambda: dst.store(size if avg else 1)) if avg or dst.stage is not None
+            else None)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any = None) -> Work:
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        what = "reduce_scatter_tensor"
+        out, inp = _tensor(output, what), _tensor(input, what)
+        if out.dtype != inp.dtype:
+            raise TypeError(f"ucxcomm {what}: dtypes differ ({out.dtype} vs {inp.dtype})")
+        if inp.numel() != out.numel() * self._size:
+            raise ValueError(f"ucxcomm {what}: the input has {inp.numel()} elements, "
+                             f"{out.numel() * self._size} expected")
+        _same_device([out, inp], what)
+        op, avg = _op(opts.reduceOp, out.dtype, what)
+        src, dst = _Reducible(inp), _Reducible(out)
+        size = self._size
+        return self._submit(
+            what, [out], lambda: self._comm.Reduce_scatter_block(src.arr, dst.arr, op),
+            keep=(src, dst), opts=opts, cuda=[inp],
+            after=(lambda: dst.store(size if avg else 1)) if avg or dst.stage is not None
+            else None)
+
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        if len(outputs) != len(inputs):
+            raise ValueError("ucxcomm reduce_scatter_tensor_coalesced: one output per input")
+
+        def calls() -> None:
+            for o, i in zip(outputs, inputs, strict=True):
+                self.reduce_scatter_single(o, i, opts)
+        return self._several("reduce_scatter_tensor_coalesced", calls, opts)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced  # type: ignore[assignment]
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> Work:
+        what = "all_to_all"
+        if len(output_tensors) != self._size or len(input_tensors) != self._size:
+            raise ValueError(f"ucxcomm {what}: expected {self._size} input and output "
+                             "tensors")
+        outs = [_tensor(t, what) for t in output_tensors]
+        ins = [_tensor(t, what) for t in input_tensors]
+        if len({t.dtype for t in outs + ins}) != 1:
+            raise TypeError(f"ucxcomm {what}: the tensors must share a dtype")
+        _same_device(outs + ins, what)
+        scounts = [t.numel() * t.element_size() for t in ins]
+        stage_in = self._flat(what, ins)
+        stage_out, rcounts, copy_out = self._gather_into(what, outs, ins[0])
+        send, recv = _bytes(stage_in), _bytes(stage_out)
+        return self._submit(what, outs,
+                            lambda: self._comm.Alltoallv((send, scounts), (recv, rcounts)),
+                            keep=(send, recv, stage_in, stage_out), after=copy_out,
+                            opts=opts, cuda=ins)
+
+    def _splits(self, t: torch.Tensor, splits: Sequence[int] | None, what: str) -> list[int]:
+        """Byte counts per rank from split sizes along dimension 0 (none: equal)."""
+        rows = t.shape[0] if t.dim() > 0 else 1
+        row_bytes = (t.numel() // rows if rows else 0) * t.element_size()
+        if not splits:
+            if rows % self._size:
+                raise ValueError(f"ucxcomm {what}: dimension 0 ({rows}) does not divide "
+                                 f"into {self._size} equal parts; pass split sizes")
+            return [rows // self._size * row_bytes] * self._size
+        splits = list(splits)
+        if len(splits) != self._size or any(s < 0 for s in splits) or sum(splits) != rows:
+            raise ValueError(f"ucxcomm {what}: split sizes {splits} do not split dimension "
+                             f"0 ({rows}) over {self._size} ranks")
+        return [s * row_bytes for s in splits]
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: list[int] | None = None,
+                          input_split_sizes: list[int] | None = None,
+                          opts: Any = None) -> Work:
+        what = "all_to_all_single"
+        out, inp = _tensor(output, what), _tensor(input, what)
+        if out.dtype != inp.dtype:
+            raise TypeError(f"ucxcomm {what}: dtypes differ ({out.dtype} vs {inp.dtype})")
+        _same_device([out, inp], what)
+        scounts = self._splits(inp, input_split_sizes, what)
+        rcounts = self._splits(out, output_split_sizes, what)
+        send, recv = _bytes(inp), _bytes(out)
+        return self._submit(what, [out],
+                            lambda: self._comm.Alltoallv((send, scounts), (recv, rcounts)),
+                            keep=(send, recv), opts=opts, cuda=[inp])
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
+                      output_split_sizes: list[int], input_split_sizes: list[int],
+                      opts: Any = None) -> Work:
+        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                      opts)
+
+    def barrier(self, opts: Any = None) -> Work:
+        return self._submit("barrier", [], lambda: self._comm.barrier(), opts=opts)
+
+    def monitored_barrier(self, timeout: timedelta | None = None,
+                          wait_all_ranks: bool = False) -> None:
+        """A barrier that, when it runs out of time, names the ranks that did not reach
+        it (rank 0 collects every rank's arrival, then releases them all).
+
+        Raises
+        ------
+        WorkTimeoutError
+            Not every rank arrived within ``timeout`` (the group's by default); on rank
+            0 the message names the ranks missing.
+        """
+        limit = _seconds(timeout) or self._timeout
+        self._check_open("monitored_barrier")
+        self._lt.run(self._monitored(limit, wait_all_ranks), limit + _GRACE_S)
+
+    async def _monitored(self, limit: float, wait_all: bool) -> None:
+        import numpy as np
+
+        comm, tag = self._comm, TAG_UB  # the top user tag: torch's tags are small
+        one = np.zeros(1, np.uint8)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        if self._rank != 0:
+            try:
+                async with asyncio.timeout(limit):
+                    await comm.Send(one, 0, tag)
+                    await comm.Recv(np.zeros(1, np.uint8), 0, tag)
+            except TimeoutError:
+                raise WorkTimeoutError(f"ucxcomm monitored_barrier: rank 0 did not release "
+                                       f"rank {self._rank} within {limit:g} s") from None
+            return
+        reqs = {r: comm.Irecv(np.zeros(1, np.uint8), r, tag) for r in range(1, self._size)}
+        missing = []
+        for r, req in reqs.items():
+            try:
+                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                    await req
+            except (TimeoutError, PeerFailure):
+                missing.append(r)
+                req.cancel()
+                if not wait_all:
+                    break
+        if missing:
+            raise WorkTimeoutError(
+                f"ucxcomm monitored_barrier: rank{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(map(str, missing))} did not reach the barrier within "
+                f"{limit:g} s")
+        await asyncio.gather(*(comm.Send(one, r, tag) for r in range(1, self._size)))
+
+    # ====================================================== point-to-point
+    def _tag(self, tag: Any, what: str) -> int:
+        if type(tag) is not int or not 0 <= tag < TAG_UB:
+            raise ValueError(f"ucxcomm {what}: tag {tag!r} is out of range (0..{TAG_UB - 1})")
+        return tag
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work:
+        t = _one(tensors, "send")
+        dst, tag = self._peer(dst, "send destination"), self._tag(tag, "send")
+        buf = _bytes(t)
+        return self._submit("send", [t], lambda: self._comm.Isend(buf, dst, tag), keep=buf,
+                            cuda=[t], collective=False)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
+        t = _one(tensors, "recv")
+        src, tag = self._peer(src, "recv source"), self._tag(tag, "recv")
+        buf = _bytes(t)
+        return self._submit("recv", [t], lambda: self._comm.Irecv(buf, src, tag), keep=buf,
+                            cuda=[t], collective=False)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
+        t = _one(tensors, "recv_anysource")
+        tag = self._tag(tag, "recv_anysource")
+        buf = _bytes(t)
+        return self._submit("recv_anysource", [t],
+                            lambda: self._comm.Irecv(buf, _c.ANY_SOURCE, tag), keep=buf,
+                            source=True, cuda=[t])
+
+    # ============================================================== closing
+    async def _close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._world.close()
+
+    def shutdown(self) -> None:
+        """Close the group (torch's ``destroy_process_group`` calls it); idempotent."""
+        if self._closed:
+            return
+        self._lt.remove_closer(self._close)
+        self._lt.run(self._close(), 30.0)
+
+    def abort(self) -> None:
+        """Drop the group at once (local; pending operations fail)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._lt.remove_closer(self._close)
+        self._lt.call(self._world.abort)
+
+
+def create_process_group(store: Any, rank: int, size: int,
+                         timeout: timedelta) -> ProcessGroupUCXComm:
+    """The creator torch calls for ``init_process_group("ucxcomm")`` / ``new_group``."""
+    return ProcessGroupUCXComm(store, rank, size, timeout)
+
