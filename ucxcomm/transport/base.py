@@ -233,7 +233,8 @@ class Transport(ABC):
     @abstractmethod
     def cancel(self, fut: asyncio.Future) -> bool:
         """Withdraw the receive behind ``fut``; True when nothing was or will be
-        received for it (else await :meth:`settle`)."""
+        received for it (else await :meth:`settle`). A withdrawn receive's future
+        ends cancelled (at once, or once UCX confirms it)."""
 
     @abstractmethod
     async def settle(self, fut: asyncio.Future) -> None:

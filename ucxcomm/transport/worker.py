@@ -335,7 +335,8 @@ class Worker(Transport):
 
         Returns True when nothing was (or will be) received for it. An operation that
         already matched (or any send) keeps running so that the message moves whole;
-        await :meth:`settle` to know when UCX no longer touches its buffer.
+        await :meth:`settle` to know when UCX no longer touches its buffer. A posted
+        receive that UCX withdraws ends with ``fut`` cancelled.
         """
         return bool(self._eng.cancel(fut))
 
