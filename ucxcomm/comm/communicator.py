@@ -77,6 +77,17 @@ class World:
         self.worker.fail_peer(world_rank, PeerFailure(
             f"rank {world_rank} died or left the job without closing", peer=world_rank))
 
+    def watch_lost(self, reason: str) -> None:
+        """The liveness watch (the bootstrap store) is gone: no death can be reported to
+        this rank any more, so waits on any peer could last forever. Every operation on
+        a peer fails with PeerFailure (after the usual grace) instead; ``reason`` says
+        why in each error."""
+        if self.closed:
+            return
+        for r in range(self.size):
+            if r != self.rank:
+                self.worker.fail_peer(r, PeerFailure(f"rank {r}: {reason}", peer=r))
+
     async def close(self) -> None:
         if self.closed:
             return

@@ -256,8 +256,10 @@ class Transport(ABC):
         peers on this host reach directly (no help from this process)."""
 
     @abstractmethod
-    def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:
-        """A peer's :class:`Region` (its ``rkey``, ``address``, ``nbytes``)."""
+    def remote_memory(self, rkey: bytes, address: int, nbytes: int,
+                      peer: Any = None) -> Remote:
+        """A peer's :class:`Region` (its ``rkey``, ``address``, ``nbytes``); ``peer``
+        labels the owner as in :meth:`fail_peer` (waits on its memory then fail)."""
 
     # -------------------------------------------------------------- close
     @abstractmethod
