@@ -156,12 +156,10 @@ class Win:
         return self
 
     async def _let_loop_run(self) -> None:
-        """Yield to the event loop (death notices, timeouts, other tasks) if the last
-        time was more than :data:`YIELD_S` ago."""
-        now = _monotonic()
-        if now >= self._yield_at:
-            self._yield_at = now + YIELD_S
-            await asyncio.sleep(0)
+        """Yield to the event loop once (death notices, timeouts, other tasks); callers
+        come here when ``_yield_at`` has passed (:data:`YIELD_S`)."""
+        self._yield_at = _monotonic() + YIELD_S
+        await asyncio.sleep(0)
 
     def _check(self, rank: Any) -> int:
         if self._closed:
