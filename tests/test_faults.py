@@ -68,30 +68,23 @@ def run_fault(name: str, nranks: int, victim: int) -> dict[int, float]:
     outs: list[list[str]] = [[] for _ in range(nranks)]
     lines: queue.Queue = queue.Queue()
     threads = []
-    for r in range(nranks):
-        env = dict(clean_env(), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nranks),
-                   LOCAL_WORLD_SIZE=str(nranks), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), UCXCOMM_TEST_FAULT_TIMEOUT=str(TIMEOUT_S),
-                   PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **FAULT_ENV)
-        p = subprocess.Popen([sys.executable, PROG, name, str(victim)], env=env, cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             stdin=subprocess.DEVNULL)
-        procs.append(p)
-        t = threading.Thread(target=_pump, args=(r, p.stdout, lines, outs[r]), daemon=True)
-        t.start()
-        threads.append(t)
+    deadline = time.monotonic() + 60
     try:
-        ready: set[int] = set()
-        deadline = time.monotonic() + 60
-        while len(ready) < nranks:
-            left = deadline - time.monotonic()
-            assert left > 0, f"not every rank got under way: {_show(outs)}"
-            try:
-                rank, line = lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            if line.startswith("READY "):
-                ready.add(rank)
+        for r in range(nranks):
+            if name == "stream" and r == 1:  # the client connects once the server listens
+                _wait_for(lines, outs, {0}, "LISTENING ", deadline)
+            env = dict(clean_env(), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nranks),
+                       LOCAL_WORLD_SIZE=str(nranks), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), UCXCOMM_TEST_FAULT_TIMEOUT=str(TIMEOUT_S),
+                       PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **FAULT_ENV)
+            p = subprocess.Popen([sys.executable, PROG, name, str(victim)], env=env, cwd=ROOT,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 stdin=subprocess.DEVNULL)
+            procs.append(p)
+            t = threading.Thread(target=_pump, args=(r, p.stdout, lines, outs[r]), daemon=True)
+            t.start()
+            threads.append(t)
+        _wait_for(lines, outs, set(range(nranks)), "READY ", deadline)
         procs[victim].send_signal(signal.SIGKILL)
         killed = time.monotonic()
         took = {}
@@ -125,6 +118,22 @@ def run_fault(name: str, nranks: int, victim: int) -> dict[int, float]:
             assert word not in text, f"rank {r}: {word!r}\n{_show(outs)}"
         assert took[r] < TIMEOUT_S, f"rank {r} ended {took[r]:.1f} s after the kill"
     return took
+
+
+def _wait_for(lines: queue.Queue, outs: list[list[str]], ranks: set[int], prefix: str,
+              deadline: float) -> None:
+    """Until each of ``ranks`` printed a line starting with ``prefix`` (or the deadline:
+    AssertionError)."""
+    seen: set[int] = set()
+    while not ranks <= seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {prefix!r} from ranks {ranks - seen}: {_show(outs)}"
+        try:
+            rank, line = lines.get(timeout=left)
+        except queue.Empty:
+            continue
+        if line.startswith(prefix):
+            seen.add(rank)
 
 
 def _show(outs: list[list[str]]) -> str:

@@ -9,9 +9,9 @@ seconds (an ``asyncio.timeout`` around the loop: a hang fails the case instead o
 waiting forever) and prints ``PEER-FAILURE r peer P after S s`` (S: since its last
 completed iteration), then aborts its communicator and exits 0.
 
-Case ``stream`` uses connected endpoints (``ucxcomm.transport.listen``/``connect``, UCX
-peer error handling) instead of a world: rank 0 listens on ``MASTER_PORT + 2`` and
-echoes; rank 1 connects and sends.
+Case ``stream`` uses connected endpoints (``ucxcomm.transport.listen``/``connect``)
+instead of a world: rank 0 listens on ``MASTER_PORT + 2``, prints ``LISTENING 0`` and
+echoes; rank 1 (started after that line) connects and sends.
 """
 
 from __future__ import annotations
@@ -176,15 +176,7 @@ async def stream(rank: int, timeout: float) -> None:
                 failed.set_result(exc)
 
     async def client() -> None:
-        ep = None
-        deadline = time.monotonic() + 30
-        while ep is None:  # (the listener may not be up yet)
-            try:
-                ep = await ucxcomm.transport.connect("127.0.0.1", port, timeout=5)
-            except ucxcomm.UcxCommError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.1)
+        ep = await ucxcomm.transport.connect("127.0.0.1", port, timeout=30)
         buf = bytearray(BIG)
         try:
             while True:
@@ -198,6 +190,7 @@ async def stream(rank: int, timeout: float) -> None:
         async with asyncio.timeout(timeout):
             if rank == 0:
                 async with await ucxcomm.transport.listen(echo, port=port):
+                    print(f"LISTENING {rank}", flush=True)
                     raise await failed
             else:
                 await client()
