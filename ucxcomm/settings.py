@@ -128,6 +128,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "MiB of received object payload buffers kept for reuse"),
     # bootstrap (init(timeout=, rank=, size=, store=) win)
     Setting("UCXCOMM_TIMEOUT", _pos_float, 120.0, "seconds: deadline to form the world"),
+    Setting("UCXCOMM_LIVENESS_S", _pos_float, 30.0,
+            "seconds: a rank whose host stops answering (network cut, power off) is "
+            "declared dead after about this long (TCP keepalive on the store connections)"),
     Setting("UCXCOMM_TOKEN", _text, "",
             "the job's shared secret for the bootstrap store (ucxcomm run makes one)"),
     Setting("UCXCOMM_PORT", _port, None,

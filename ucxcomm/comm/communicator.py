@@ -82,6 +82,17 @@ class World:
         for listener in list(self.failure_listeners):
             listener(world_rank)
 
+    def watch_lost(self, reason: str) -> None:
+        """The liveness watch (the bootstrap store) is gone: no death can be reported to
+        this rank any more, so waits on any peer could last forever. Every operation on
+        a peer fails with PeerFailure (after the usual grace) instead; ``reason`` says
+        why in each error."""
+        if self.closed:
+            return
+        for r in range(self.size):
+            if r != self.rank:
+                self.worker.fail_peer(r, PeerFailure(f"rank {r}: {reason}", peer=r))
+
     async def close(self) -> None:
         if self.closed:
             return

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,15 @@ for _t in (np.int32, np.uint32, np.int64, np.uint64):
     _INT_AMO_KEYS[_t] = _INT_AMO_KEYS[np.dtype(_t)] = np.dtype(_t).itemsize
 
 
+#: Longest stretch of window calls that complete without waiting (shared memory: copies
+#: and CPU atomics) before Lock/Unlock/Flush let the event loop run once. Without it a
+#: loop of such calls never yielded: the store's death notices were never read, so a
+#: Lock/Put/Unlock loop on a dead rank's (still mapped) memory went on forever, deaf to
+#: timeouts too (issue 15, fault suite). A round trip costs microseconds, once per 1 ms.
+YIELD_S = 1e-3
+_monotonic = time.monotonic
+
+
 def _native(op: Op, dt: np.dtype) -> bool:
     return dt in _INT_AMO and (op in _NATIVE or op is NO_OP)
 
@@ -85,6 +95,7 @@ class Win:
 
     def __init__(self) -> None:  # use Allocate/Create
         self._closed = True
+        self._yield_at = 0.0  # when a synchronization call next lets the loop run
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -126,8 +137,13 @@ class Win:
         mine = (self._region.rkey, self._region.address, self._region.nbytes,
                 self._ctrl_region.rkey, self._ctrl_region.address, disp_unit)
         infos = await comm.allgather(mine)
-        self._mem = [transport.remote_memory(i[0], i[1], i[2]) for i in infos]
-        self._ctl = [transport.remote_memory(i[3], i[4], _CTRL_WORDS * 8) for i in infos]
+        # Labelled with the owner's world rank: a wait on a dead rank's memory raises
+        # PeerFailure (UCX may never finish it).
+        owners = comm.group.members
+        self._mem = [transport.remote_memory(i[0], i[1], i[2], owners[r])
+                     for r, i in enumerate(infos)]
+        self._ctl = [transport.remote_memory(i[3], i[4], _CTRL_WORDS * 8, owners[r])
+                     for r, i in enumerate(infos)]
         self._units = [i[5] for i in infos]
         # Every rank finishes connecting to every other before anyone goes on: UCX
         # aborts a process that receives connection setup from a peer that died
@@ -138,6 +154,12 @@ class Win:
         self._held = {}  # rank -> exclusive?
         self._closed = False
         return self
+
+    async def _let_loop_run(self) -> None:
+        """Yield to the event loop once (death notices, timeouts, other tasks); callers
+        come here when ``_yield_at`` has passed (:data:`YIELD_S`)."""
+        self._yield_at = _monotonic() + YIELD_S
+        await asyncio.sleep(0)
 
     def _check(self, rank: Any) -> int:
         if self._closed:
@@ -299,6 +321,8 @@ class Win:
             ``rank`` died (what was issued to it may not have landed).
         """
         r = self._check(rank)
+        if _monotonic() >= self._yield_at:
+            await self._let_loop_run()
         if self._dead(r):
             raise PeerFailure(f"Flush: rank {r} died", peer=r)
         await self._mem[r].flush()
@@ -314,10 +338,21 @@ class Win:
 
     async def Lock(self, rank: int, exclusive: bool = True) -> None:
         """Passive-target lock on ``rank`` (exclusive: alone; shared: with other shared
-        holders). Waits while it is held incompatibly."""
+        holders). Waits while it is held incompatibly.
+
+        Raises
+        ------
+        PeerFailure
+            ``rank`` died, or a rank that holds its lock (or may: shared holders are
+            not named) died while this one waited.
+        """
         r = self._check(rank)
         if r in self._held:
             raise RuntimeError(f"rank {r} is already locked by this rank")
+        if _monotonic() >= self._yield_at:
+            await self._let_loop_run()
+        if self._dead(r):  # (its memory may still be mapped here: the lock would "work")
+            raise PeerFailure(f"Lock: rank {r} died", peer=r)
         ctl = self._ctl[r]
         attempt = 0
         if exclusive:
@@ -359,11 +394,22 @@ class Win:
                                       "was held (it may have been a holder)", peer=q)
 
     async def Unlock(self, rank: int) -> None:
-        """Complete this rank's operations at ``rank`` and release the lock."""
+        """Complete this rank's operations at ``rank`` and release the lock.
+
+        Raises
+        ------
+        PeerFailure
+            ``rank`` died (what was issued to it may not have landed); the lock is
+            released here all the same.
+        """
         r = self._check(rank)
         if r not in self._held:
             raise RuntimeError(f"rank {r} is not locked by this rank")
         exclusive = self._held.pop(r)
+        if _monotonic() >= self._yield_at:
+            await self._let_loop_run()
+        if self._dead(r):
+            raise PeerFailure(f"Unlock: rank {r} died", peer=r)
         await self._mem[r].flush()
         ctl = self._ctl[r]
         mine = _EXCL | self.comm.rank << _HOLDER_SHIFT if exclusive else 1
@@ -376,8 +422,16 @@ class Win:
             await self.Lock(r, exclusive=False)
 
     async def Unlock_all(self) -> None:
+        """Unlock every rank this rank holds locked (all of them, also when one raises
+        ``PeerFailure``: the first such error is raised at the end)."""
+        failure: PeerFailure | None = None
         for r in list(self._held):
-            await self.Unlock(r)
+            try:
+                await self.Unlock(r)
+            except PeerFailure as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     @contextlib.asynccontextmanager
     async def lock(self, rank: int, exclusive: bool = True) -> AsyncIterator[Win]:

@@ -304,6 +304,13 @@ async def watch_peers(world: World, client: StoreClient, server: StoreServer | N
             return
         if host_rank is not None and rank != host_rank:
             world.peer_failed(host_rank, quiet=closing)  # (its store shut down)
+            # Nobody can report a death to this rank any more: the deaths the store had
+            # not relayed yet were lost with it (in the fault suite rank 0 saw a victim
+            # die first and quit before telling the others, who then waited forever on
+            # the victim), so every peer is failed, quietly.
+            world.watch_lost(f"the bootstrap store on rank {host_rank}, which reported "
+                             "deaths, is gone; this peer's failure could no longer be "
+                             "detected")
         else:
             log.warning("rank %d: lost the bootstrap store (launcher gone?)", rank)
             for r in range(size):

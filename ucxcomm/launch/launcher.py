@@ -128,7 +128,13 @@ class _Job:
                 if self.code is None:
                     self.code = 128 + sig
                 self._say(f"got signal {sig}; forwarding to all ranks")
-                self.signal_all(sig)
+                if self.stopping:  # (a stop is under way: forward this one as it comes)
+                    self.signal_all(sig)
+                    return
+                # One signal per rank: stop() sends it. Sending it here as well made every
+                # SIGINT a double Ctrl-C, and asyncio.run turns the second one into a
+                # KeyboardInterrupt raised wherever the rank happens to be (issue 15,
+                # defect 3: tracebacks from the progress task at teardown).
                 self.pumps.append(loop.create_task(self.stop(sig)))
 
             # Installed before the ranks start: a caught signal is reset to its default

@@ -284,6 +284,7 @@ cdef class TagEngine:
     cdef public bint _closed
     cdef object _status_error  # _ucx.status_error
     cdef object _monotonic
+    cdef int _canceled         # UCS_ERR_CANCELED
 
     def _engine_setup(self, uintptr_t worker_handle, loop, ready, double spin_s, bint cuda,
                       status_error):
@@ -297,6 +298,7 @@ cdef class TagEngine:
         self._spin_s = spin_s
         self._cuda = cuda
         self._status_error = status_error
+        self._canceled = constants()["UCS_ERR_CANCELED"]
         import time
         self._monotonic = time.monotonic
 
@@ -592,7 +594,12 @@ cdef class TagEngine:
             return
         if fut.done():
             return
-        if status < 0:
+        if status == self._canceled:
+            # Withdrawn by cancel() (its awaiter was cancelled, or Request.cancel()):
+            # cancelled, not failed. An exception here was never retrieved (issue 15:
+            # 'Future exception was never retrieved ... operation canceled' at Ctrl-C).
+            fut.cancel()
+        elif status < 0:
             fut.set_exception(self._error(status, op.peers, "operation"))
         elif op.alloc or op.has_ptr:
             result = self._result(op)
@@ -761,6 +768,7 @@ cdef class TagEngine:
         cdef uint64_t stag = 0
         cdef size_t length = 0
         cdef list keep
+        cdef list ops = self._reqs + self._probes
         for op in self._reqs:
             if op.req != NULL:
                 ucxcomm_cancel(self._wh, op.req)
@@ -780,6 +788,10 @@ cdef class TagEngine:
             self._reqs = keep
         for op in self._reqs + self._probes:
             self._graveyard.append(op.keep)
+        # Every operation's future ends here, also those UCP finished (cancelled) above:
+        # left pending, whoever awaited one would wait forever.
+        for op in ops:
+            op.req = NULL
             op.mark_settled()
             if op.future is not None and not op.future.done():
                 op.future.set_exception(err)

@@ -233,7 +233,8 @@ class Transport(ABC):
     @abstractmethod
     def cancel(self, fut: asyncio.Future) -> bool:
         """Withdraw the receive behind ``fut``; True when nothing was or will be
-        received for it (else await :meth:`settle`)."""
+        received for it (else await :meth:`settle`). A withdrawn receive's future
+        ends cancelled (at once, or once UCX confirms it)."""
 
     @abstractmethod
     async def settle(self, fut: asyncio.Future) -> None:
@@ -255,8 +256,10 @@ class Transport(ABC):
         peers on this host reach directly (no help from this process)."""
 
     @abstractmethod
-    def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:
-        """A peer's :class:`Region` (its ``rkey``, ``address``, ``nbytes``)."""
+    def remote_memory(self, rkey: bytes, address: int, nbytes: int,
+                      peer: Any = None) -> Remote:
+        """A peer's :class:`Region` (its ``rkey``, ``address``, ``nbytes``); ``peer``
+        labels the owner as in :meth:`fail_peer` (waits on its memory then fail)."""
 
     # -------------------------------------------------------------- close
     @abstractmethod

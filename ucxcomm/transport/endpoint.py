@@ -68,7 +68,8 @@ class _Owner(Protocol):
     def wake(self) -> None: ...
     def fail_peer(self, peer: Any, exc: BaseException | None = None,
                   grace: float | None = None) -> None: ...
-    def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote: ...
+    def remote_memory(self, rkey: bytes, address: int, nbytes: int,
+                      peer: Any = None) -> Remote: ...
     async def drain(self, peers: Peers, timeout: float) -> None: ...
 
 
@@ -147,9 +148,10 @@ class Endpoint(Link):
     def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:
         """The peer's registered memory (``rkey``, ``address`` and ``nbytes`` from its
         ``worker.register(buf)``): a :class:`~ucxcomm.transport.rma.RemoteMemory` with
-        ``put``, ``get``, ``flush`` and atomics (``fetch_add``, ``compare_swap``...)."""
+        ``put``, ``get``, ``flush`` and atomics (``fetch_add``, ``compare_swap``...);
+        its waits fail with ``PeerFailure`` once this endpoint's peer is declared dead."""
         self._check_open()
-        return self._worker.remote_memory(rkey, address, nbytes)
+        return self._worker.remote_memory(rkey, address, nbytes, self.peer)
 
     def _scoped(self, ns: int | None, tag: int) -> int:
         if ns is None:  # a raw worker-address endpoint: the tag is the UCX tag

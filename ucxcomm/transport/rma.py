@@ -31,6 +31,7 @@ import atexit
 import ctypes
 import logging
 import struct
+import time
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -78,10 +79,11 @@ def _stop_threads() -> None:
 
 
 class _RmaOp:
-    __slots__ = ("future", "request")
+    __slots__ = ("future", "peer", "request")
 
-    def __init__(self, request: Any, future: asyncio.Future) -> None:
+    def __init__(self, request: Any, future: asyncio.Future, peer: Any) -> None:
         self.request, self.future = request, future  # (the request keeps the memory)
+        self.peer = peer  # the target's owner (a label, as in Worker.fail_peer), or None
 
 
 class RmaEngine:
@@ -94,6 +96,11 @@ class RmaEngine:
         UCX context options (keys without ``UCX_``), like the main context's.
     progress : Progress
         The owning worker's progress engine.
+    dead : dict, optional
+        The owning worker's dead peers (``peer -> (deadline, exception)``, written by
+        ``Worker.fail_peer``): an operation on a dead peer's memory fails with that
+        exception once the deadline passed, instead of waiting for UCX (which, without
+        error handling, may never finish it: a Lock on a killed rank waited forever).
 
     Raises
     ------
@@ -104,7 +111,7 @@ class RmaEngine:
     watch_idle = False  # its own thread serves peers; we only poll our requests
 
     def __init__(self, options: dict[str, str], progress: Progress,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, dead: dict[Any, Any] | None = None) -> None:
         _ucx.load()
         ucp = self._ucp = _ucx.ucp
         self.options = dict(options)
@@ -129,6 +136,8 @@ class RmaEngine:
         self.amo = {op: _ucx.const[name] for op, name in _OPS.items()}
         self._request_type = ucp.RmaRequest
         self._ops: list[_RmaOp] = []
+        self._dead: dict[Any, Any] = {} if dead is None else dead
+        self._graveyard: list[Any] = []  # requests given up on (their memory stays)
         self._progress = progress
         #: How long an operation waits in place before it becomes a future (the
         #: progress policy's spin time).
@@ -152,14 +161,15 @@ class RmaEngine:
             raise ClosedError("the RMA engine is closed")
 
     # ------------------------------------------------------------ requests
-    async def finish(self, outcome: Any) -> Any:
+    async def finish(self, outcome: Any, peer: Any = None) -> Any:
         """The result of a compiled ``rma_*`` call: None or a value when it completed in
         place (returned as is), else its request (awaited through the progress engine;
-        the fetched value, if any, returned)."""
+        the fetched value, if any, returned). ``peer``: the owner of the target memory;
+        if it is declared dead the wait ends with its exception (``PeerFailure``)."""
         if type(outcome) is not self._request_type:
             return outcome
         fut = self._loop.create_future()
-        self._ops.append(_RmaOp(outcome, fut))
+        self._ops.append(_RmaOp(outcome, fut, peer))
         await self._progress.wait(fut, self.poll)
         return outcome.value()
 
@@ -172,16 +182,22 @@ class RmaEngine:
         return self._test()
 
     def _test(self) -> int:
-        keep, done = [], 0
+        keep, done, dead = [], 0, self._dead
         for op in self._ops:
             st = op.request.test()
             if st == 1:  # UCXCOMM_INPROGRESS
+                if dead and op.peer in dead and time.monotonic() >= dead[op.peer][0]:
+                    self._graveyard.append(op.request)  # UCX may still write its memory
+                    if not op.future.done():
+                        op.future.set_exception(dead[op.peer][1])
+                    done += 1
+                    continue
                 keep.append(op)
                 continue
             done += 1
             if not op.future.done():
                 if st < 0:
-                    op.future.set_exception(_ucx.status_error(st, what="RMA"))
+                    op.future.set_exception(_ucx.status_error(st, op.peer, what="RMA"))
                 else:
                     op.future.set_result(None)
         self._ops = keep
@@ -207,6 +223,7 @@ class RmaEngine:
         _live.discard(self)
         self._progress.remove(self)
         for op in self._ops:
+            self._graveyard.append(op.request)  # (released once the engine is gone)
             if not op.future.done():
                 op.future.set_exception(ClosedError("the RMA engine was closed"))
                 op.future.exception()  # nobody may await it any more
@@ -220,6 +237,7 @@ class RmaEngine:
             self._ucp.rma_ep_close(self.handle, ep)
         self._eps.clear()
         self._ucp.rma_destroy(self.handle)
+        self._graveyard.clear()
 
 
 class RmaEngines:
@@ -235,8 +253,10 @@ class RmaEngines:
     """
 
     def __init__(self, options: dict[str, str], rdma: bool, progress: Progress,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, dead: dict[Any, Any] | None = None
+                 ) -> None:
         self._options = dict(options)
+        self._dead = dead
         self._progress = progress
         self._loop = loop
         self._engines: dict[bool, RmaEngine] = {}
@@ -262,7 +282,8 @@ class RmaEngines:
             opts = dict(self._options)
             if v1 and self.split:
                 opts["PROTO_ENABLE"] = "n"
-            eng = self._engines[v1] = RmaEngine(opts, self._progress, self._loop)
+            eng = self._engines[v1] = RmaEngine(opts, self._progress, self._loop,
+                                                self._dead)
         return eng
 
     def local(self) -> list[RmaEngine]:
@@ -278,8 +299,9 @@ class RmaEngines:
     def allocate(self, nbytes: int) -> MemoryRegion:
         return MemoryRegion(self, None, nbytes)
 
-    def remote(self, rkey: bytes, address: int, nbytes: int) -> RemoteMemory:
-        return RemoteMemory(self, rkey, address, nbytes)
+    def remote(self, rkey: bytes, address: int, nbytes: int,
+               peer: Any = None) -> RemoteMemory:
+        return RemoteMemory(self, rkey, address, nbytes, peer)
 
     def close(self) -> None:
         if self.closed:
@@ -395,10 +417,14 @@ class RemoteMemory(Remote):
     Offsets are in bytes from ``address``. Every access is checked against ``nbytes``
     before anything moves (:class:`~ucxcomm.WindowError`). ``put``/``get`` return when
     the local buffer may be reused / holds the data; ``flush`` waits until every
-    operation issued to this peer is complete at the target.
+    operation issued to this peer is complete at the target. ``peer`` (the owner's
+    label, as in ``Worker.fail_peer``): once it is declared dead, operations waiting on
+    its memory raise ``PeerFailure``.
     """
 
-    def __init__(self, engines: RmaEngines, rkey: bytes, address: int, nbytes: int) -> None:
+    def __init__(self, engines: RmaEngines, rkey: bytes, address: int, nbytes: int,
+                 peer: Any = None) -> None:
+        self.peer = peer
         found = _parse_rkey(bytes(rkey))
         self._targets: list[tuple[RmaEngine, int, int]] = []  # every unpacked key
         self.closed = False
@@ -493,7 +519,7 @@ class RemoteMemory(Remote):
                 return
             out = ucp.rma_put_at(eng.handle, self._ep, t, raddr, self._rkey, eng.spin_s)
         if out is not None:
-            await eng.finish(out)
+            await eng.finish(out, self.peer)
 
     async def get(self, buf: Any, offset: int = 0) -> None:
         """Read ``len(buf)`` bytes at ``offset`` into ``buf``."""
@@ -514,7 +540,7 @@ class RemoteMemory(Remote):
                 return
             out = ucp.rma_get_at(eng.handle, self._ep, t, raddr, self._rkey, eng.spin_s)
         if out is not None:
-            await eng.finish(out)
+            await eng.finish(out, self.peer)
 
     async def flush(self) -> None:
         """Complete, at the target, every operation issued to this peer."""
@@ -523,7 +549,7 @@ class RemoteMemory(Remote):
         for eng, ep in self._eps:
             out = eng._ucp.rma_flush(eng.handle, ep, eng.spin_s)
             if out is not None:
-                await eng.finish(out)
+                await eng.finish(out, self.peer)
 
     async def wireup(self) -> None:
         """Finish connecting every endpoint this key may use (a flush on each forces
@@ -539,7 +565,7 @@ class RemoteMemory(Remote):
             done.add((eng, ep))
             out = eng._ucp.rma_flush(eng.handle, ep, eng.spin_s)
             if out is not None:
-                await eng.finish(out)
+                await eng.finish(out, self.peer)
 
     def _amo_args(self, op: str, offset: int, dtype: Any, count: int
                   ) -> tuple[int, bool, int, int]:
@@ -578,7 +604,7 @@ class RemoteMemory(Remote):
                 outs.append(atomic(eng.handle, self._aep, opcode, size, signed, v, None,
                                    fetch, raddr + i * size, self._arkey, 0.0))
         finally:
-            results = await asyncio.gather(*(eng.finish(o) for o in outs),
+            results = await asyncio.gather(*(eng.finish(o, self.peer) for o in outs),
                                            return_exceptions=True)
         olds: list[int] = []
         for res in results:
@@ -599,7 +625,7 @@ class RemoteMemory(Remote):
                                   None if op != "cswap" else int(compare), fetch, raddr,
                                   self._arkey, eng.spin_s)
         if type(out) is eng._request_type:
-            return await eng.finish(out)
+            return await eng.finish(out, self.peer)
         return out
 
     def close(self) -> None:

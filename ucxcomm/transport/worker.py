@@ -131,7 +131,8 @@ class Worker(Transport):
             setattr(self, name, getattr(eng, name))
         self.wake = self._progress.kick  # type: ignore[method-assign]  # (per message)
         self._progress.add(self)
-        self._rma = RmaEngines(self.options, self._plan.rdma, self._progress, self._loop)
+        self._rma = RmaEngines(self.options, self._plan.rdma, self._progress, self._loop,
+                               eng._dead)
         self.endpoints: list[Endpoint] = []
 
     # ------------------------------------------------------------------ info
@@ -188,8 +189,11 @@ class Worker(Transport):
             raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
         return self._rma.allocate(nbytes)
 
-    def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:
-        """A peer's registered memory: a :class:`~ucxcomm.transport.rma.RemoteMemory`.
+    def remote_memory(self, rkey: bytes, address: int, nbytes: int,
+                      peer: Any = None) -> Remote:
+        """A peer's registered memory: a :class:`~ucxcomm.transport.rma.RemoteMemory`;
+        ``peer`` labels its owner (as in :meth:`fail_peer`: once that peer is declared
+        dead, operations waiting on the memory raise ``PeerFailure``).
 
         Raises
         ------
@@ -198,7 +202,7 @@ class Worker(Transport):
         ClosedError
         """
         self._check_open()
-        return self._rma.remote(rkey, address, nbytes)
+        return self._rma.remote(rkey, address, nbytes, peer)
 
     # ------------------------------------------------------------ endpoints
     def listen(self, port: int, callback: Callable[[Any], None]) -> Any:
@@ -347,7 +351,8 @@ class Worker(Transport):
 
         Returns True when nothing was (or will be) received for it. An operation that
         already matched (or any send) keeps running so that the message moves whole;
-        await :meth:`settle` to know when UCX no longer touches its buffer.
+        await :meth:`settle` to know when UCX no longer touches its buffer. A posted
+        receive that UCX withdraws ends with ``fut`` cancelled.
         """
         return bool(self._eng.cancel(fut))
 
