@@ -118,3 +118,14 @@ def test_pipeline_suite(tmp_path):
     assert {(r["impl"], r["op"], r["size"]) for r in recs} == {
         ("ucxcomm", "stream", 65536), ("asyncio", "stream", 65536)}
     assert "x asyncio" in proc.stdout
+
+
+def test_torch_suite(tmp_path):
+    """The torch suite: all_reduce and a DDP step over the ucxcomm backend and gloo."""
+    out = tmp_path / "t.jsonl"
+    proc = bench("torch", "--quick", "--sizes", "8", "--json", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = records(out)
+    assert {(r["impl"], r["op"]) for r in recs} == {
+        (i, op) for i in ("ucxcomm", "gloo") for op in ("all_reduce", "ddp_step")}
+    assert "x gloo" in proc.stdout
