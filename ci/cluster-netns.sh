@@ -17,7 +17,8 @@ if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! ip netns list > /dev/
   echo "cluster-netns: skipped (needs root and ip netns)"
   exit 0
 fi
-if [ "$(python -c 'import os, ucxcomm; print(os.path.dirname(os.path.dirname(ucxcomm.__file__)))' \
+# (asked from / so that the checkout in the working directory does not answer for python)
+if [ "$(cd / && python -c 'import os, ucxcomm; print(os.path.dirname(os.path.dirname(ucxcomm.__file__)))' \
       2> /dev/null || true)" != "$ROOT" ]; then
   source "$ROOT/ci/env.sh"
 fi
