@@ -256,6 +256,34 @@ async def test_consumer_holding_the_window_gets_an_error_not_a_hang():
         await ep.close()
 
 
+def _explode() -> None:
+    raise ValueError("this meta cannot be rebuilt here")
+
+
+class _Unloadable:
+    """Pickles fine; unpickling raises (as a class the reader cannot import would)."""
+
+    def __reduce__(self):
+        return (_explode, ())
+
+
+async def test_header_the_reader_cannot_decode_fails_the_stream_not_a_hang():
+    """Review finding: a header whose meta does not unpickle raised inside a done
+    callback (only logged) and the consumer waited forever; now the stream fails."""
+    async def handler(ep):
+        async with ep.stream_writer() as tx:
+            await tx.send(np.zeros(4), meta=_Unloadable())
+
+    async with await listen(handler) as lst:
+        ep = await connect("127.0.0.1", lst.port, timeout=30)
+        async with ep.stream_reader(window=2) as rx:
+            with pytest.raises(ValueError, match="cannot be rebuilt"):
+                await asyncio.wait_for(anext(rx), 30)
+            with pytest.raises(ValueError):  # and stays failed
+                await asyncio.wait_for(anext(rx), 30)
+        await ep.close()
+
+
 async def test_cancelled_wait_loses_no_batch():
     """A consumer's wait for the next batch cancelled (by a timeout) before the batch was
     sent: the batch is delivered to the next wait, nothing is lost or reordered."""

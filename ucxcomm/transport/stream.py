@@ -331,7 +331,8 @@ class StreamReader:
                 self._fail(exc)
                 return
             if type(res) is tuple:
-                self._got_header(res)
+                if not self._take_header(res):
+                    return
                 continue
             self._header = res
             res.add_done_callback(self._header_done)
@@ -355,8 +356,19 @@ class StreamReader:
         if exc is not None:
             self._fail(exc)
             return
-        self._got_header(fut.result())
-        self._post_header()
+        if self._take_header(fut.result()):
+            self._post_header()
+
+    def _take_header(self, res: Any) -> bool:
+        """:meth:`_got_header`, or the stream fails with what it raised (a ``meta`` the
+        reader cannot unpickle, a pool out of memory): raised in a done callback, it was
+        only logged, and the consumer and the writer then waited forever."""
+        try:
+            self._got_header(res)
+        except Exception as exc:
+            self._fail(exc)
+            return False
+        return True
 
     def _fail(self, exc: BaseException) -> None:
         self._ended = True
