@@ -405,11 +405,16 @@ class Win:
         r = self._check(rank)
         if r not in self._held:
             raise RuntimeError(f"rank {r} is not locked by this rank")
-        exclusive = self._held.pop(r)
         if _monotonic() >= self._yield_at:
-            await self._let_loop_run()
+            await self._let_loop_run()  # (before anything changes: cancelled here, still held)
+        exclusive = self._held.pop(r)
         if self._dead(r):
             raise PeerFailure(f"Unlock: rank {r} died", peer=r)
+        # Shielded: once this rank has forgotten the lock, a cancellation of the caller
+        # must not leave the lock word set at the target (every other rank would spin).
+        await asyncio.shield(self._release(r, exclusive))
+
+    async def _release(self, r: int, exclusive: bool) -> None:
         await self._mem[r].flush()
         ctl = self._ctl[r]
         mine = _EXCL | self.comm.rank << _HOLDER_SHIFT if exclusive else 1
