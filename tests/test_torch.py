@@ -83,6 +83,15 @@ def test_liveness_address(monkeypatch):
         ("127.0.0.1", "127.0.0.1")
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     assert liveness_address(dist.HashStore()) == ("127.0.0.1", "127.0.0.1")
+    # Review finding: MASTER_ADDR naming this host (Debian maps its own name to
+    # 127.0.1.1) is still a multi-node job's rank 0: serve every interface, and
+    # advertise an address the other nodes can reach (it was 127.0.0.1 before).
+    import socket
+
+    from ucxcomm.torch._bootstrap import _is_loopback
+    monkeypatch.setenv("MASTER_ADDR", socket.gethostname())
+    bind, advertised = liveness_address(dist.HashStore())
+    assert bind == "0.0.0.0" and not _is_loopback(advertised), advertised
 
 
 @pytest.mark.parametrize("nranks", [2, 3])

@@ -1,7 +1,7 @@
 """asyncio streams' side of ``ucxcomm bench``: the same messages over a loopback TCP
 connection between two processes (this one forks the echo side), as a service written
 with plain asyncio would move them. Latency (ping-pong) and bandwidth (a window of
-writes, then one acknowledgement per message)."""
+writes, then one acknowledgement per window, as the other implementations)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,14 @@ async def _serve(port_w: int) -> None:
         try:
             while True:
                 hdr = await reader.readexactly(9)
-                n, echo = int.from_bytes(hdr[:8], "little"), hdr[8]
+                n, reply = int.from_bytes(hdr[:8], "little"), hdr[8]
                 data = await reader.readexactly(n)
-                writer.write(data if echo else b"k")
+                if reply == 1:  # ping: echo
+                    writer.write(data)
+                elif reply == 2:  # last of a window: one acknowledgement
+                    writer.write(b"k")
+                else:
+                    continue
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
@@ -38,7 +43,9 @@ async def _client(port: int, ops: list[str], size: int, plan) -> None:
     data = b"x" * size
     ping = size.to_bytes(8, "little") + b"\x01" + data
     push = size.to_bytes(8, "little") + b"\x00" + data
+    last = size.to_bytes(8, "little") + b"\x02" + data
     w = plan.window(size)
+    windows = max(1, plan.iters(size) // w)  # as many as the others time per sample
     for op in ops:
         if op not in ("latency", "bw"):
             continue
@@ -51,13 +58,14 @@ async def _client(port: int, ops: list[str], size: int, plan) -> None:
                     writer.write(ping)
                     await reader.readexactly(size)
                 value = (time.perf_counter() - t0) / n / 2 * 1e6
-            else:
+            else:  # a window of messages, then one acknowledgement, as OSU's bw
                 t0 = time.perf_counter()
-                for _ in range(w):
-                    writer.write(push)
-                    await writer.drain()
-                await reader.readexactly(w)
-                value = size * w / (time.perf_counter() - t0) / 1e9
+                for _ in range(windows):
+                    for i in range(w):
+                        writer.write(last if i == w - 1 else push)
+                        await writer.drain()
+                    await reader.readexactly(1)
+                value = size * w * windows / (time.perf_counter() - t0) / 1e9
             if rep:
                 samples.append(value)
         emit(IMPL, op, size, 2, samples)

@@ -44,33 +44,46 @@ def _tcp_store_host(store: Any) -> str | None:
 
 
 def _is_loopback(host: str) -> bool:
+    """A loopback literal or ``localhost`` (a host *name* that resolves to loopback, as
+    Debian's own hostname does to 127.0.1.1, may still name a multi-node job's rank 0)."""
+    if host == "localhost":
+        return True
     try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
         return False
-    return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback
-                               for i in infos)
+
+
+def _route_address(dest: str) -> str | None:
+    """The local address this host uses towards ``dest`` (no packet is sent)."""
+    try:
+        family = socket.getaddrinfo(dest, None)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((dest, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return None
 
 
 def liveness_address(store: Any) -> tuple[str, str]:
     """``(bind, advertise)``: where rank 0 serves its liveness store and the address the
     other ranks use to reach it.
 
-    One host (the c10d store on a loopback address, or no TCPStore and no
-    ``MASTER_ADDR``): loopback. Otherwise every interface, advertised as the local
+    One host (the c10d store on a loopback literal or ``localhost``, or no TCPStore and
+    no ``MASTER_ADDR``): loopback. Otherwise every interface, advertised as the local
     address this host uses to reach the c10d store's host (the ranks reach that host, so
-    they reach this one the same way).
+    they reach this one the same way); where that is a loopback address (``MASTER_ADDR``
+    is this host's own name, mapped to 127.0.1.1), the address of the default route,
+    else the host name.
     """
     master = _tcp_store_host(store) or os.environ.get("MASTER_ADDR")
     if not master or _is_loopback(master):
         return "127.0.0.1", "127.0.0.1"
-    try:
-        family = socket.getaddrinfo(master, None)[0][0]
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect((master, 9))  # no packet is sent: this only picks the route
-            local = str(s.getsockname()[0])
-    except OSError:
-        local = socket.gethostname()
+    local = _route_address(master)
+    if local is None or _is_loopback(local):
+        local = _route_address("10.255.255.255")  # the default route's interface
+        if local is None or _is_loopback(local):
+            local = socket.gethostname()
     return ("::" if ":" in local else "0.0.0.0"), local
 
 
