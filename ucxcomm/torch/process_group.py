@@ -689,8 +689,10 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                     await comm.Send(one, 0, tag)
                     await comm.Recv(np.zeros(1, np.uint8), 0, tag)
             except TimeoutError:
-                raise WorkTimeoutError(f"ucxcomm monitored_barrier: rank 0 did not release "
-                                       f"rank {self._rank} within {limit:g} s") from None
+                err = WorkTimeoutError(f"ucxcomm monitored_barrier: rank 0 did not release "
+                                       f"rank {self._rank} within {limit:g} s")
+                self._broken = err
+                raise err from None
             return
         reqs = {r: comm.Irecv(np.zeros(1, np.uint8), r, tag) for r in range(1, self._size)}
         missing = []
@@ -704,10 +706,18 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                 if not wait_all:
                     break
         if missing:
-            raise WorkTimeoutError(
+            # Withdraw every receive still posted (left posted, a later barrier's arrivals
+            # went to them), and the group is broken: a rank that timed out may still
+            # find an old release (review finding).
+            for req in reqs.values():
+                if not req.done():
+                    req.cancel()
+            err = WorkTimeoutError(
                 f"ucxcomm monitored_barrier: rank{'s' if len(missing) > 1 else ''} "
                 f"{', '.join(map(str, missing))} did not reach the barrier within "
                 f"{limit:g} s")
+            self._broken = err
+            raise err
         await asyncio.gather(*(comm.Send(one, r, tag) for r in range(1, self._size)))
 
     # ====================================================== point-to-point
