@@ -227,3 +227,32 @@ def test_unsupported_when_the_named_package_is_missing():
     with pytest.raises(UnsupportedError, match=r"the mpich package is not installed \(pip "
                        r"install 'ucxcomm\[rdma\]' installs it\)"):
         library.choose("mpich", {}, installed={}, wheel=None, already="")
+
+
+def test_the_wheel_loader_stays_off_after_another_ucx_was_chosen(tmp_path):
+    """Review finding: the libucx wheel's load_library() was restored after ``import
+    ucxx``, so a later caller (ucx-py, distributed-ucxx) loaded the wheel's UCX next to
+    mpich's: two copies in one process."""
+    prog = tmp_path / "later_loader.py"
+    prog.write_text("""
+import asyncio
+
+import libucx
+
+import ucxcomm
+
+
+async def main():
+    async with ucxcomm.init():
+        pass
+
+asyncio.run(main())
+libucx.load_library()  # what another UCX user in the process would call
+maps = open("/proc/self/maps").read().splitlines()
+print("LIBUCP", sorted({ln.split()[-1] for ln in maps if "libucp.so" in ln}))
+""")
+    proc = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True,
+                          timeout=60, env=dict(testing.clean_env(), UCXCOMM_UCX="mpich"),
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"LIBUCP ['{MPICH}']" in proc.stdout, proc.stdout

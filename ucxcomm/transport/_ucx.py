@@ -111,7 +111,9 @@ def load() -> Any:
 def _import_ucxx(wheel_loader: bool) -> Any:
     """``import ucxx._lib.libucxx``; unless ``wheel_loader``, with the ``libucx`` wheel's
     ``load_library()`` kept from loading its own UCX next to the one already loaded (two
-    copies in one process break: see :mod:`.library`)."""
+    copies in one process break: see :mod:`.library`). It stays kept for the life of
+    the process: any later caller (ucx-py, distributed-ucxx, ...) would otherwise load
+    the wheel's copy next to ours."""
     if wheel_loader:
         import ucxx._lib.libucxx as libucxx
 
@@ -120,14 +122,10 @@ def _import_ucxx(wheel_loader: bool) -> Any:
         import libucx
     except ModuleNotFoundError:  # no wheel: ucxx finds libucp by soname, ours
         libucx = None
-    saved = getattr(libucx, "load_library", None)
     if libucx is not None:
-        libucx.load_library = lambda: []
-    try:
-        import ucxx._lib.libucxx as libucxx
-    finally:
-        if libucx is not None:
-            libucx.load_library = saved
+        libucx.load_library = lambda: []  # (UCX is loaded already: ours)
+    import ucxx._lib.libucxx as libucxx
+
     return libucxx
 
 
