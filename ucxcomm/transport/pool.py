@@ -7,7 +7,9 @@ alone halved the receive bandwidth of a 64 MiB object receive here (see
 :mod:`ucxcomm.comm.pool`). A stream reader (:mod:`ucxcomm.transport.stream`) takes one
 buffer per array of a batch from its pool and gives it back when the consumer releases
 the batch; the number of batches a consumer may hold is bounded by the stream's window,
-so the pool's size is bounded too.
+so the buffers *out* are bounded. The free list is bounded only by ``limit``: with
+batches of one size it holds at most a window's worth, but with sizes that vary (growing
+sequence lengths) every smaller buffer stays cached, so give such streams a ``limit``.
 """
 
 from __future__ import annotations
