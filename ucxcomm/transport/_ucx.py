@@ -101,6 +101,11 @@ def load() -> Any:
 
     ucp = ext
     ext.set_status_error(status_error)
+    # ucxx logs every endpoint error at ERROR level on stderr ("UCXX ERROR
+    # ucxx::Endpoint::endpointErrorCallback ... Endpoint is not connected" for each
+    # refused connect) from inside worker progress; ucxcomm reports each such error
+    # itself (PeerFailure, and an info line in transport.listener), so that line goes.
+    ext.log_drop_ucxx_ep_errors()
     const.update(ext.constants())
     for name, exc in STATUS_ERRORS.items():
         _by_status[const[name]] = (name, exc)
