@@ -311,13 +311,23 @@ def endpoint_from_conn_request(listener: Any, conn_request: Any) -> Any:
                  what="accepting a connection")
 
 
-def close_endpoint(ucx_ep: Any) -> None:
-    """Close a ucxx endpoint unless UCX already failed it (ucxx crashes closing those)."""
+def close_endpoint(ucx_ep: Any, peer_dead: bool = False) -> None:
+    """Close a ucxx endpoint unless UCX already failed it (ucxx crashes closing those).
+
+    ``peer_dead``: the peer is known to have died; UCX's complaints while closing (the
+    flush of each lane failing: "error during flush: Connection reset by remote peer")
+    say nothing new, and go to this module's log at debug level."""
+    if peer_dead:
+        ucp.log_quiet_push()
     try:
         if ucx_ep.alive:
             ucx_ep.close()
     except ucx_errors():  # pragma: no cover - UCX tore it down meanwhile
         log.debug("closing an endpoint UCX already closed", exc_info=True)
+    finally:
+        if peer_dead:
+            for line in ucp.log_quiet_pop():
+                log.debug("closing an endpoint to a dead peer: UCX: %s", line)
 
 
 def endpoint_transports(ep_handle: int) -> list[tuple[str, str]]:
