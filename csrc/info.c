@@ -137,3 +137,39 @@ unsigned ucxcomm_log_quiet_pop(void)
     return quieted;
 }
 
+
+/* ---- ucxx's report of an endpoint error (ucxx::Endpoint::endpointErrorCallback) */
+static unsigned long ucxx_ep_errors; /* reports dropped */
+
+static ucs_log_func_rc_t ucxx_ep_error_handler(const char *file, unsigned line,
+                                               const char *function,
+                                               ucs_log_level_t level,
+                                               const ucs_log_component_config_t *comp_conf,
+                                               const char *message, va_list ap)
+{
+    (void)file;
+    (void)line;
+    (void)level;
+    (void)message;
+    (void)ap;
+    if (comp_conf != NULL && strcmp(comp_conf->name, "UCXX") == 0 && function != NULL &&
+        strcmp(function, "endpointErrorCallback") == 0) {
+        __atomic_add_fetch(&ucxx_ep_errors, 1, __ATOMIC_RELAXED);
+        return UCS_LOG_FUNC_RC_STOP;
+    }
+    return UCS_LOG_FUNC_RC_CONTINUE;
+}
+
+void ucxcomm_log_drop_ucxx_ep_errors(void)
+{
+    static int installed;
+    if (!installed) {
+        installed = 1;
+        ucs_log_push_handler(ucxx_ep_error_handler);
+    }
+}
+
+unsigned long ucxcomm_log_ucxx_ep_errors(void)
+{
+    return __atomic_load_n(&ucxx_ep_errors, __ATOMIC_RELAXED);
+}

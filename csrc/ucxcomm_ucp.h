@@ -37,6 +37,11 @@ void ucxcomm_log_quiet_push(void);
 unsigned ucxcomm_log_quiet_pop(void);
 /* The i-th swallowed message (the first 8 are kept), or NULL. */
 const char *ucxcomm_log_quieted(unsigned i);
+/* From now on (once installed, for good), drop ucxx's own line about an endpoint error
+ * ("UCXX ERROR ucxx::Endpoint::endpointErrorCallback ..."): the endpoint's owner
+ * reports the failure itself (PeerFailure). The second returns how many were dropped. */
+void ucxcomm_log_drop_ucxx_ep_errors(void);
+unsigned long ucxcomm_log_ucxx_ep_errors(void);
 
 /* ---- tag.c: the tag message path on a ucxx-owned worker, polled requests */
 int ucxcomm_tag_send(uintptr_t ep, const void *buf, size_t n, uint64_t tag, int fast,

@@ -132,6 +132,45 @@ async def test_connect_refused():
         await ep.recv(bytearray(1))  # pragma: no cover - must not get here
 
 
+_REFUSED_PROG = r"""
+import asyncio, gc, socket
+import ucxcomm
+from ucxcomm.transport import connect
+
+async def main():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    for _ in range(3):
+        try:
+            await connect("127.0.0.1", port, timeout=5)
+        except ucxcomm.PeerFailure as exc:
+            assert "refused" in str(exc), exc
+        else:
+            raise AssertionError("connected to a closed port")
+    gc.collect()
+    print("REFUSED-OK", flush=True)
+
+asyncio.run(main())
+gc.collect()
+"""
+
+
+def test_refused_connect_leaves_nothing_behind():
+    """Regression: each refused ``connect()`` raised PeerFailure, as it should, but left
+    a 'Future exception was never retrieved' (the handshake's hello, failed and never
+    awaited) and ucxx's 'UCXX ERROR ... endpointErrorCallback' line on stderr. In a
+    child process: the warnings appear at garbage collection and exit."""
+    proc = subprocess.run([sys.executable, "-c", _REFUSED_PROG], capture_output=True,
+                          text=True, timeout=50)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "REFUSED-OK" in proc.stdout, \
+        (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
+    for word in ("never retrieved", "UCXX ERROR", "Traceback"):
+        assert word not in out, (word, proc.stderr[-4000:])
+
+
 _CLOSE_PROG = r"""
 import asyncio, gc, socket, time
 import ucxcomm

@@ -153,3 +153,59 @@ async def test_cancelled_progress_task_tells_its_owner():
         await progress.task
     assert told == [True]
     src.close()
+
+
+class StuckBusySource:
+    """A source UCX-style stuck busy: it never lets itself be armed and nothing ever
+    completes (what a worker does while sends to a dead peer stay queued on shared
+    memory, the listener hang of the stream fault case)."""
+
+    watch_idle = True
+    LIMIT = 100_000  # a starving loop gets here within a second; then fail loudly
+
+    def __init__(self):
+        self.rfd, self.wfd = os.pipe()
+        self.arms = 0
+
+    def pending(self):
+        return False
+
+    def poll(self):
+        return 0
+
+    def arm(self):
+        self.arms += 1
+        if self.arms > self.LIMIT:
+            raise RuntimeError("the progress task starved the event loop")
+        return False
+
+    def disarm(self):
+        pass
+
+    def fileno(self):
+        return self.rfd
+
+    def close(self):
+        os.close(self.rfd)
+        os.close(self.wfd)
+
+
+async def test_a_source_that_never_arms_does_not_starve_the_loop():
+    """A refused arm used to send the progress task straight back to arming, without an
+    await that yields: with a source stuck busy the event loop never ran anything else
+    again (the listener of tests/test_faults.py's stream case hung in asyncio.run, 1 in
+    6 runs). Now it yields after each refusal and, once refusals persist, sleeps on a
+    short timer."""
+    loop = asyncio.get_running_loop()
+    progress = Progress(loop, spin_s=1e-3)
+    src = StuckBusySource()
+    progress.add(src)
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0.01)  # the loop keeps running other tasks
+        task = progress.task
+        assert task is not None and not task.done(), task.exception() if task else None
+        assert 0 < src.arms < 20_000, src.arms  # timer sleeps, not a spin: ~0.2 s / 1 ms
+    finally:
+        await progress.aclose()
+        src.close()

@@ -36,6 +36,8 @@ cdef extern from "ucxcomm_ucp.h" nogil:
     void ucxcomm_log_quiet_push()
     unsigned ucxcomm_log_quiet_pop()
     const char *ucxcomm_log_quieted(unsigned i)
+    void ucxcomm_log_drop_ucxx_ep_errors()
+    unsigned long ucxcomm_log_ucxx_ep_errors()
     int ucxcomm_ep_transports(uintptr_t ep, char *out, size_t outlen)
 
     int ucxcomm_tag_send(uintptr_t ep, const void *buf, size_t n, uint64_t tag, int fast,
@@ -126,6 +128,17 @@ def ep_transports(uintptr_t ep):
 def log_quiet_push():
     """Swallow UCX's warnings and errors until :func:`log_quiet_pop`."""
     ucxcomm_log_quiet_push()
+
+
+def log_drop_ucxx_ep_errors():
+    """Drop ucxx's own log line about each endpoint error from now on (the endpoint's
+    owner reports it); idempotent."""
+    ucxcomm_log_drop_ucxx_ep_errors()
+
+
+def log_ucxx_ep_errors():
+    """How many of those lines were dropped."""
+    return ucxcomm_log_ucxx_ep_errors()
 
 
 def log_quiet_pop():

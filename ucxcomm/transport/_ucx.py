@@ -101,6 +101,11 @@ def load() -> Any:
 
     ucp = ext
     ext.set_status_error(status_error)
+    # ucxx logs every endpoint error at ERROR level on stderr ("UCXX ERROR
+    # ucxx::Endpoint::endpointErrorCallback ... Endpoint is not connected" for each
+    # refused connect) from inside worker progress; ucxcomm reports each such error
+    # itself (PeerFailure, and an info line in transport.listener), so that line goes.
+    ext.log_drop_ucxx_ep_errors()
     const.update(ext.constants())
     for name, exc in STATUS_ERRORS.items():
         _by_status[const[name]] = (name, exc)
@@ -304,13 +309,23 @@ def endpoint_from_conn_request(listener: Any, conn_request: Any) -> Any:
                  what="accepting a connection")
 
 
-def close_endpoint(ucx_ep: Any) -> None:
-    """Close a ucxx endpoint unless UCX already failed it (ucxx crashes closing those)."""
+def close_endpoint(ucx_ep: Any, peer_dead: bool = False) -> None:
+    """Close a ucxx endpoint unless UCX already failed it (ucxx crashes closing those).
+
+    ``peer_dead``: the peer is known to have died; UCX's complaints while closing (the
+    flush of each lane failing: "error during flush: Connection reset by remote peer")
+    say nothing new, and go to this module's log at debug level."""
+    if peer_dead:
+        ucp.log_quiet_push()
     try:
         if ucx_ep.alive:
             ucx_ep.close()
     except ucx_errors():  # pragma: no cover - UCX tore it down meanwhile
         log.debug("closing an endpoint UCX already closed", exc_info=True)
+    finally:
+        if peer_dead:
+            for line in ucp.log_quiet_pop():
+                log.debug("closing an endpoint to a dead peer: UCX: %s", line)
 
 
 def endpoint_transports(ep_handle: int) -> list[tuple[str, str]]:

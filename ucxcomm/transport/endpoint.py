@@ -68,6 +68,7 @@ class _Owner(Protocol):
     def wake(self) -> None: ...
     def fail_peer(self, peer: Any, exc: BaseException | None = None,
                   grace: float | None = None) -> None: ...
+    def is_dead(self, peer: Any) -> bool: ...
     def remote_memory(self, rkey: bytes, address: int, nbytes: int,
                       peer: Any = None) -> Remote: ...
     async def drain(self, peers: Peers, timeout: float) -> None: ...
@@ -441,12 +442,13 @@ class Endpoint(Link):
         self._closed = True
         for stream in list(self._streams.values()):
             stream.abort()
+        dead = self.peer is not None and self._worker.is_dead(self.peer)
         if self.peer is not None and not self._worker.closed:
             self._worker.fail_peer(self.peer, ClosedError("the endpoint was closed"),
                                    grace=0.0)
         if self._data is not None:
-            _ucx.close_endpoint(self._data)
-        _ucx.close_endpoint(self._ep)
+            _ucx.close_endpoint(self._data, peer_dead=dead)
+        _ucx.close_endpoint(self._ep, peer_dead=dead)
         self._worker.forget(self)
         # Release the UCX endpoint, then what it kept alive (in this order: a listener
         # goes, and its port closes, once no endpoint it accepted is left).

@@ -114,6 +114,7 @@ async def _handshake(worker: Worker, ucx_ep: Any, timeout: float | None,
             if isinstance(res, BaseException):
                 raise res
 
+    sent: asyncio.Future | None = None
     try:
         async with asyncio.timeout(timeout):
             sent = worker.stream_send(ep._handle, worker.send_ptr(hello), peers)
@@ -134,14 +135,30 @@ async def _handshake(worker: Worker, ucx_ep: Any, timeout: float | None,
             await both(ep.isend(b"\x01", (theirs << 32) | _HELLO_TAG),
                        got if type(got) is not tuple else None)
     except TimeoutError:
+        _forget(sent)
         ep.abort()
         raise CommTimeoutError(f"connection handshake took longer than {timeout:g} s") \
             from None
     except BaseException:
+        _forget(sent)
         ep.abort()
         raise
     ep._recv_ns, ep._send_ns = mine, theirs
     return ep
+
+
+def _forget(fut: asyncio.Future | None) -> None:
+    """The handshake failed before awaiting ``fut`` (our hello, which fails too once
+    the connection is refused): its outcome is known from the failure that ended the
+    handshake, so retrieve it, now or when it ends (no "Future exception was never
+    retrieved")."""
+    if fut is None:
+        return
+    if fut.done():
+        if not fut.cancelled():
+            fut.exception()
+    else:
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 class Listener:

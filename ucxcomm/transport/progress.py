@@ -38,6 +38,12 @@ BURST_S = 20e-6
 #: Fallback wake-up while sleeping: UCX may not always signal the descriptor
 #: (ucxx's blocking progress mode guards against the same thing).
 IDLE_WAKE_S = 0.05
+#: A source that refuses to arm this many times in a row, with nothing completing, is
+#: stuck busy (UCX keeps reporting work it never finishes: sends queued on shared memory
+#: to a peer that died); from then on the task sleeps :data:`BUSY_WAKE_S` on the timer
+#: alone instead of trying again at once.
+BUSY_ARMS = 64
+BUSY_WAKE_S = 1e-3
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 
 
@@ -100,6 +106,7 @@ class Progress:
         self._spinners = 0  # tasks progressing inside wait()
         self._sleeper: asyncio.Future | None = None
         self._kick_due = False  # a kick is scheduled (call_soon)
+        self._busy_arms = 0  # arms refused in a row (see BUSY_ARMS)
         self._closed = False
         self._task: asyncio.Task | None = None
 
@@ -269,6 +276,7 @@ class Progress:
                             break
                     if finished:
                         deadline = now() + self.spin_s
+                        self._busy_arms = 0
                     elif now() > deadline:
                         await self._sleep()
                         deadline = now() + self.spin_s
@@ -300,21 +308,37 @@ class Progress:
 
     async def _sleep(self) -> None:
         """Arm the sources that need watching and sleep until one's descriptor fires,
-        a kick, or :data:`IDLE_WAKE_S`."""
+        a kick, or :data:`IDLE_WAKE_S`. When a source refuses to arm (events pending),
+        return after one event-loop turn; after :data:`BUSY_ARMS` refusals in a row,
+        sleep :data:`BUSY_WAKE_S` (or until a kick) instead."""
         armed: list[Source] = []
+        wake_s = IDLE_WAKE_S
         try:
+            refused = False
             for s in self._sources:
                 if s.watch_idle or s.pending():
                     armed.append(s)
                     if not s.arm():
-                        return  # events arrived meanwhile: progress again
+                        refused = True
+                        break
+            if not refused:
+                self._busy_arms = 0
+            else:
+                # Events arrived meanwhile: progress again, but only after the loop had
+                # a turn (the callers loop on this at once: never starve the loop). A
+                # source that keeps refusing is stuck busy: sleep on the timer alone.
+                self._busy_arms += 1
+                if self._busy_arms < BUSY_ARMS:
+                    await asyncio.sleep(0)
+                    return
+                wake_s = BUSY_WAKE_S
             loop = self._loop
             fut = loop.create_future()
             self._sleeper = fut
-            fds = [s.fileno() for s in armed]
+            fds = [s.fileno() for s in armed] if not refused else []
             for fd in fds:
                 loop.add_reader(fd, _wake, fut)
-            handle = loop.call_later(IDLE_WAKE_S, _wake, fut)
+            handle = loop.call_later(wake_s, _wake, fut)
             try:
                 await fut
             finally:
