@@ -10,7 +10,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from .spec import counts, emit, job_options, timed
+from .spec import collective_call, counts, emit, job_options, timed
 
 IMPL = "mpi4py"
 
@@ -123,20 +123,11 @@ def collectives(comm, ops: list[str], size: int, plan) -> None:
     for op in ops:
         ns, nr = counts(op, size, p)
         send, recv = np.ones(ns, np.float32), np.zeros(nr, np.float32)
-        call = _collective(comm, op, send, recv)
+        call = collective_call(comm, op, send, recv)
         t = timed(plan, call, plan.iters(size), comm.Barrier)
         slowest = [comm.allreduce(s, MPI.MAX) for s in t]
         if comm.Get_rank() == 0:
             emit(IMPL, op, size, p, [s * 1e6 for s in slowest])
-
-
-def _collective(comm, op: str, send, recv):
-    """The timed call of collective ``op`` (SUM where it reduces)."""
-    if op == "bcast":
-        return lambda: comm.Bcast(send, 0)
-    method = {"allreduce": comm.Allreduce, "allgather": comm.Allgather,
-              "alltoall": comm.Alltoall, "reduce_scatter_block": comm.Reduce_scatter_block}[op]
-    return lambda: method(send, recv)
 
 
 def main(argv: list[str]) -> None:

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from .spec import SUITES, counts, emit, job_options
+from .spec import SUITES, collective_call, counts, emit, job_options
 
 IMPL = "ucxcomm"
 
@@ -139,20 +139,11 @@ async def collectives(comm, ops: list[str], size: int, plan, gpu: bool) -> None:
     for op in ops:
         ns, nr = counts(op, size, p)
         send, recv = xp.ones(ns, xp.float32), xp.zeros(nr, xp.float32)
-        call = _collective(comm, op, send, recv)
+        call = collective_call(comm, op, send, recv)
         t = await _timed(comm, plan, call, plan.iters(size))
         slowest = [await comm.allreduce(s, ucxcomm.MAX) for s in t]
         if comm.rank == 0:
             emit(IMPL + ("-gpu" if gpu else ""), op, size, p, [s * 1e6 for s in slowest])
-
-
-def _collective(comm, op: str, send, recv):
-    """The timed call of collective ``op`` (float32 SUM where it reduces)."""
-    if op == "bcast":
-        return lambda: comm.Bcast(send, 0)
-    method = {"allreduce": comm.Allreduce, "allgather": comm.Allgather,
-              "alltoall": comm.Alltoall, "reduce_scatter_block": comm.Reduce_scatter_block}[op]
-    return lambda: method(send, recv)
 
 
 async def main(argv: list[str]) -> None:

@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["OPS", "SUITES", "Plan", "applies", "busbw_factor", "counts", "emit", "job_options",
+__all__ = ["OPS", "SUITES", "Plan", "applies", "busbw_factor", "collective_call", "counts",
+           "emit", "job_options",
            "parse_sizes", "size_label", "timed"]
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -113,6 +114,16 @@ def counts(op: str, size: int, nranks: int) -> tuple[int, int]:
     if op == "alltoall":
         return per * nranks, per * nranks
     return per * nranks, per  # reduce_scatter_block
+
+
+def collective_call(comm, op: str, send, recv):
+    """The timed call of collective ``op`` on an mpi4py-style communicator (mpi4py's and
+    ucxcomm's share the method names; SUM where it reduces)."""
+    if op == "bcast":
+        return lambda: comm.Bcast(send, 0)
+    method = {"allreduce": comm.Allreduce, "allgather": comm.Allgather,
+              "alltoall": comm.Alltoall, "reduce_scatter_block": comm.Reduce_scatter_block}[op]
+    return lambda: method(send, recv)
 
 
 @dataclass(frozen=True)
