@@ -13,7 +13,7 @@ runs, one after another on this machine:
 * ``mpiexec -n 2`` mpi4py + MPICH ``Send/Recv`` (when mpi4py is installed: ``pip install
   'ucxcomm[bench]'``);
 * ``ucx_perftest`` tag_lat / tag_bw from the UCX wheel, same ``UCX_TLS``;
-* plain asyncio streams over loopback TCP.
+* plain asyncio streams over loopback TCP (``ucxcomm.bench.ranks_asyncio``).
 
 Each measurement is one JSON line (impl, op, size, nranks, median/min/max); the driver
 then prints a table and the ratios the project tracks. ``--tcp`` sets ``UCX_TLS=tcp,self``
@@ -233,9 +233,22 @@ def measure(args: argparse.Namespace, env: dict) -> list[dict]:
     results += _driver.mpiexec_run(2, "baselines/mpi_p2p.py", env=env)
     results += _driver.perftest_records([("tag_lat", 8, 20000, env),
                                          ("tag_bw", 64 << 20, 20, env)], _perftest_record)
-    streams = _driver.HERE / "baselines" / "asyncio_streams.py"
-    results += _driver.run_bench([sys.executable, str(streams)], env)
+    results += _asyncio_streams(env)
     return results
+
+
+def _asyncio_streams(env: dict) -> list[dict]:
+    """asyncio streams over loopback TCP: ``ucxcomm bench``'s program (one job per size),
+    its records renamed to this script's ops."""
+    names = {"latency": "latency_us", "bw": "bandwidth_GBps"}
+    out = []
+    for op, sizes in (("latency", LAT_SIZES), ("bw", BW_SIZES)):
+        for size in sizes:
+            for rec in _driver.run_bench([sys.executable, "-m", "ucxcomm.bench.ranks_asyncio",
+                                          "p2p", "--ops", op, "--size", str(size)], env):
+                rec.update(impl="asyncio-streams", op=names[rec["op"]])
+                out.append(rec)
+    return out
 
 
 def _table(results: list[dict]) -> None:
