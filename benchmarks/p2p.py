@@ -7,9 +7,11 @@ Driver (no launcher around it)::
 runs, one after another on this machine:
 
 * ``ucxcomm run -n 2 python benchmarks/p2p.py --rank``: ucxcomm ``Send/Recv`` (buffers),
-  ucxcomm ``send/recv`` (objects; numpy payloads out of band), raw ucxx low-level
-  endpoints (``tag_send``/``tag_recv`` busy-polled, no asyncio: the best raw ucxx
-  configuration), and the CPU use of a rank blocked in ``recv``;
+  ucxcomm ``send/recv`` (objects; numpy payloads out of band), and the CPU use of a rank
+  blocked in ``recv``;
+* raw ucxx low-level endpoints (``tag_send``/``tag_recv`` busy-polled, no asyncio: the best
+  raw ucxx configuration): ``ucxcomm bench``'s program ``ucxcomm.bench.ranks_ucxx``, one job
+  per size;
 * ``mpiexec -n 2`` mpi4py + MPICH ``Send/Recv`` (when mpi4py is installed: ``pip install
   'ucxcomm[bench]'``);
 * ``ucx_perftest`` tag_lat / tag_bw from the UCX wheel, same ``UCX_TLS``;
@@ -127,73 +129,6 @@ async def bench_idle_cpu(comm) -> None:
     await comm.barrier()
 
 
-def bench_raw_ucxx(comm_rank: int, worker, ep) -> None:
-    """Raw ucxx low-level endpoints, busy-polled without asyncio."""
-    import numpy as np
-    import ucxx._lib.libucxx as ucx_lib
-    from ucxx._lib.arr import Array
-
-    tag, mask = ucx_lib.UCXXTag(1), ucx_lib.UCXXTagMaskFull
-
-    def wait(req) -> None:
-        while not req.completed:
-            worker.progress()
-        req.check_error()
-
-    for size in LAT_SIZES:
-        arr = Array(np.zeros(size, np.uint8))
-        samples = []
-        for _rep in range(3):
-            n = lat_iters(size)
-            # rendezvous-free start: a zero-byte handshake
-            _handshake(worker, ep, comm_rank)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                if comm_rank == 0:
-                    wait(ep.tag_send(arr, tag))
-                    wait(worker.tag_recv(arr, tag, mask))
-                else:
-                    wait(worker.tag_recv(arr, tag, mask))
-                    wait(ep.tag_send(arr, tag))
-            samples.append((time.perf_counter() - t0) / n / 2 * 1e6)
-        if comm_rank == 0:
-            emit("ucxx-lowlevel-poll", "latency_us", size, samples)
-    ack = Array(np.zeros(1, np.uint8))
-    for size in BW_SIZES:
-        w = window(size)
-        arrs = [Array(np.ones(size, np.uint8)) for _ in range(w)]
-        samples = []
-        for rep in range(bw_reps(size) + 1):  # rep 0 warms up
-            _handshake(worker, ep, comm_rank)
-            t0 = time.perf_counter()
-            if comm_rank == 0:
-                for r in [ep.tag_send(a, tag) for a in arrs]:
-                    wait(r)
-                wait(worker.tag_recv(ack, ucx_lib.UCXXTag(2), mask))
-            else:
-                for r in [worker.tag_recv(a, tag, mask) for a in arrs]:
-                    wait(r)
-                wait(ep.tag_send(ack, ucx_lib.UCXXTag(2)))
-            if rep:
-                samples.append(size * w / (time.perf_counter() - t0) / 1e9)
-        if comm_rank == 0:
-            emit("ucxx-lowlevel-poll", "bandwidth_GBps", size, samples)
-
-
-def _handshake(worker, ep, rank: int) -> None:
-    import numpy as np
-    import ucxx._lib.libucxx as ucx_lib
-    from ucxx._lib.arr import Array
-
-    a = Array(np.zeros(1, np.uint8))
-    t = ucx_lib.UCXXTag(3)
-    reqs = [ep.tag_send(a, t), worker.tag_recv(Array(np.zeros(1, np.uint8)), t,
-                                               ucx_lib.UCXXTagMaskFull)]
-    for r in reqs:
-        while not r.completed:
-            worker.progress()
-
-
 async def rank_main(args: argparse.Namespace) -> None:
     import ucxcomm
 
@@ -202,17 +137,6 @@ async def rank_main(args: argparse.Namespace) -> None:
         raise SystemExit("run with: ucxcomm run -n 2 python benchmarks/p2p.py --rank")
     await bench_ucxcomm(comm)
     await bench_idle_cpu(comm)
-    # Raw ucxx: its own context/worker, addresses exchanged over ucxcomm.
-    import ucxx._lib.libucxx as ucx_lib
-
-    feats = ucx_lib.Feature
-    ctx = ucx_lib.UCXContext({}, feature_flags=(feats.TAG, feats.WAKEUP))
-    worker = ucx_lib.UCXWorker(ctx, enable_delayed_submission=False, enable_python_future=False)
-    peer = await comm.sendrecv(bytes(worker.address), 1 - comm.rank)
-    ep = worker.create_endpoint_from_worker_address(ucx_lib.UCXAddress.create_from_buffer(peer),
-                                                    False)
-    await comm.barrier()
-    bench_raw_ucxx(comm.rank, worker, ep)
     await comm.barrier()
     await comm.close()
 
@@ -233,8 +157,25 @@ def measure(args: argparse.Namespace, env: dict) -> list[dict]:
     results += _driver.mpiexec_run(2, "baselines/mpi_p2p.py", env=env)
     results += _driver.perftest_records([("tag_lat", 8, 20000, env),
                                          ("tag_bw", 64 << 20, 20, env)], _perftest_record)
+    results += _raw_ucxx(env)
     results += _asyncio_streams(env)
     return results
+
+
+def _raw_ucxx(env: dict) -> list[dict]:
+    """Raw ucxx low-level endpoints busy-polled without asyncio: ``ucxcomm bench``'s
+    program (one job per size), its records renamed to this script's ops."""
+    names = {"latency": "latency_us", "bw": "bandwidth_GBps"}
+    out = []
+    for op, sizes in (("latency", LAT_SIZES), ("bw", BW_SIZES)):
+        for size in sizes:
+            for rec in _driver.run_bench([sys.executable, "-m", "ucxcomm.cli", "run", "-n", "2",
+                                          "--timeout", "900", sys.executable, "-m",
+                                          "ucxcomm.bench.ranks_ucxx", "p2p", "--ops", op,
+                                          "--size", str(size)], env):
+                rec.update(impl="ucxx-lowlevel-poll", op=names[rec["op"]])
+                out.append(rec)
+    return out
 
 
 def _asyncio_streams(env: dict) -> list[dict]:
