@@ -177,6 +177,9 @@ unsigned long ucxcomm_ep_failures(void)
 int ucxcomm_ep_failed(uintptr_t ep, int forget)
 {
     size_t i;
+    if (ep == 0) { /* (a closed ucxx endpoint's handle; also what empty slots hold) */
+        return 0;
+    }
     for (i = 0; i < UCXCOMM_FAILED_EPS; i++) {
         if (__atomic_load_n(&ucxcomm_failed_eps[i], __ATOMIC_RELAXED) == ep) {
             if (forget) { /* (the handle may be reused once the endpoint is closed) */
