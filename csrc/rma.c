@@ -232,6 +232,7 @@ int ucxcomm_rma_connect(void *eng, const void *addr, uintptr_t *ep)
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
     params.address = (const ucp_address_t *)addr;
+    ucxcomm_ep_catch_errors_params(&params); /* a dead peer fails requests, no abort */
     st = ucp_ep_create(e->worker, &params, &h);
     *ep = (uintptr_t)h;
     return (int)st;

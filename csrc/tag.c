@@ -3,6 +3,8 @@
  * without callbacks and polled with ucxcomm_test(), which frees them once complete:
  * completions are consumed by the Python progress engine, no callback thread involved.
  */
+#include <string.h>
+
 #include "ucxcomm_internal.h"
 
 int ucxcomm_tag_send(uintptr_t ep, const void *buf, size_t n, uint64_t tag, int fast,
@@ -121,4 +123,70 @@ int ucxcomm_arm(uintptr_t worker)
 void ucxcomm_cancel(uintptr_t worker, void *req)
 {
     ucp_request_cancel((ucp_worker_h)worker, req);
+}
+
+/* Endpoint failures UCX reported to us (ucxcomm_ep_catch_errors): a count, and the
+ * last few endpoints (a ring), so that closing one knows UCX failed it. */
+#define UCXCOMM_FAILED_EPS 64
+static unsigned long ucxcomm_ep_failures_seen;
+static uintptr_t ucxcomm_failed_eps[UCXCOMM_FAILED_EPS];
+
+static void ucxcomm_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    unsigned long n;
+    (void)arg;
+    (void)status;
+    /* Nothing else to do: UCX already failed the endpoint's requests with the error,
+     * and the peer's death reaches the Python side through the bootstrap store too. */
+    n = __atomic_fetch_add(&ucxcomm_ep_failures_seen, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&ucxcomm_failed_eps[n % UCXCOMM_FAILED_EPS], (uintptr_t)ep,
+                     __ATOMIC_RELAXED);
+}
+
+int ucxcomm_ep_catch_errors(uintptr_t ep)
+{
+    ucp_ep_params_t params;
+    ucs_status_ptr_t sp;
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.err_handler.cb = ucxcomm_ep_err_cb;
+    params.err_handler.arg = NULL;
+    sp = ucp_ep_modify_nb((ucp_ep_h)ep, &params);
+    if (sp == NULL) {
+        return UCS_OK;
+    }
+    if (UCS_PTR_IS_ERR(sp)) {
+        return (int)UCS_PTR_STATUS(sp);
+    }
+    ucp_request_free(sp); /* (UCX 1.21 completes it in place; not reached) */
+    return UCS_OK;
+}
+
+void ucxcomm_ep_catch_errors_params(ucp_ep_params_t *params)
+{
+    params->field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params->err_handler.cb = ucxcomm_ep_err_cb;
+    params->err_handler.arg = NULL;
+}
+
+unsigned long ucxcomm_ep_failures(void)
+{
+    return __atomic_load_n(&ucxcomm_ep_failures_seen, __ATOMIC_RELAXED);
+}
+
+int ucxcomm_ep_failed(uintptr_t ep, int forget)
+{
+    size_t i;
+    if (ep == 0) { /* (a closed ucxx endpoint's handle; also what empty slots hold) */
+        return 0;
+    }
+    for (i = 0; i < UCXCOMM_FAILED_EPS; i++) {
+        if (__atomic_load_n(&ucxcomm_failed_eps[i], __ATOMIC_RELAXED) == ep) {
+            if (forget) { /* (the handle may be reused once the endpoint is closed) */
+                __atomic_store_n(&ucxcomm_failed_eps[i], 0, __ATOMIC_RELAXED);
+            }
+            return 1;
+        }
+    }
+    return 0;
 }

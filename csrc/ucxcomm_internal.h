@@ -22,4 +22,7 @@ static inline int ucxcomm_status_ptr(ucs_status_ptr_t sp, void **req)
     return UCXCOMM_INPROGRESS;
 }
 
+/* The same error callback for an endpoint about to be created (rma.c). */
+void ucxcomm_ep_catch_errors_params(ucp_ep_params_t *params);
+
 #endif /* UCXCOMM_INTERNAL_H */

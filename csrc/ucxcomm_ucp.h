@@ -61,6 +61,16 @@ unsigned ucxcomm_progress(uintptr_t worker);
 /* 1 when armed (safe to sleep on the worker's event fd), 0 when events are pending. */
 int ucxcomm_arm(uintptr_t worker);
 void ucxcomm_cancel(uintptr_t worker, void *req);
+/* Give an endpoint created without UCX error handling (ucxx's, from a worker address)
+ * an error callback. Without one UCX aborts the process when a transport reports the
+ * peer gone, e.g. CMA's process_vm_readv failing mid-copy because the peer died; with
+ * one, the endpoint's requests fail with an error status instead. */
+int ucxcomm_ep_catch_errors(uintptr_t ep);
+/* How many endpoint failures the callback saw (in this process). */
+unsigned long ucxcomm_ep_failures(void);
+/* 1 if the callback saw this endpoint fail (among the last 64 failures), else 0;
+ * forget: clear the record (call it so when closing the endpoint). */
+int ucxcomm_ep_failed(uintptr_t ep, int forget);
 
 /* ---- rma.c: the RMA engine, a UCP context + thread-safe worker of its own whose
  * progress thread serves peers' emulated RMA/atomics while Python computes. */

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import sys
 import time
@@ -110,6 +111,63 @@ async def signal_writer(port: int, rounds: int, slots: int, slot_bytes: int) -> 
     await ep.close()
 
 
+async def serve() -> None:
+    """Listen; on each connection, read a stream (checking :func:`fill`'s content) and
+    send the verdict ``[batches, []]``, and echo 1 MiB messages on tag 1 (what
+    :func:`echo_client` sends), whichever the client does; print ``SERVED client n`` or
+    ``FAILED client`` (its peer died; ``client`` is ``None`` for an echo client) per
+    connection. Ends when a line arrives on stdin."""
+    from ucxcomm import PeerFailure
+
+    async def stream(ep, seen: dict) -> None:
+        async with ep.stream_reader(window=4) as rx:
+            n = 0
+            async for batch in rx:
+                with batch:
+                    seen["client"], k = batch.meta
+                    assert k == n and (batch[0] == ((seen["client"] << 32) | k)).all()
+                    n += 1
+        await ep.send_obj([n, []])
+        print("SERVED", seen["client"], n, flush=True)
+
+    async def echo(ep) -> None:
+        buf = bytearray(1 << 20)
+        while True:
+            await ep.recv(buf, tag=1)
+            await ep.send(buf, tag=1)
+
+    async def handler(ep):
+        seen: dict = {"client": None}
+        tasks = [asyncio.ensure_future(stream(ep, seen)), asyncio.ensure_future(echo(ep))]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()
+        except PeerFailure:
+            print("FAILED", seen["client"], flush=True)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await ep.close()
+
+    loop = asyncio.get_running_loop()
+    async with await listen(handler) as lst:
+        print("PORT", lst.port, flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)
+
+
+async def echo_client(port: int) -> None:
+    """Connect and exchange 1 MiB messages with :func:`serve` until killed."""
+    ep = await connect("127.0.0.1", port, timeout=30)
+    buf = bytearray(1 << 20)
+    for k in itertools.count():
+        await ep.send(buf, tag=1)
+        await ep.recv(buf, tag=1)
+        if k == 3:
+            print("STREAMING", flush=True)
+
+
 def main() -> None:
     mode, *args = sys.argv[1:]
     if mode == "produce":
@@ -119,6 +177,10 @@ def main() -> None:
         coro = backpressure_producer(*map(int, args))
     elif mode == "bp-consumer":
         coro = backpressure_consumer(int(args[0]), int(args[1]), float(args[2]))
+    elif mode == "serve":
+        coro = serve()
+    elif mode == "echo-client":
+        coro = echo_client(int(args[0]))
     elif mode == "signal-writer":
         coro = signal_writer(*map(int, args))
     else:

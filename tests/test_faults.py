@@ -26,12 +26,6 @@ PROG = str(ROOT / "tests" / "spmd" / "fault_cases.py")
 #: The survivors' deadline (their loop runs under it); detection takes well under a
 #: second (50 ms grace + notice), the rest is room for a loaded machine.
 TIMEOUT_S = 20.0
-#: UCX's CMA transport (large messages between processes on one host) aborts a process
-#: whose peer vanishes in the middle of a copy on an endpoint without UCX error handling
-#: ("process_vm_readv ... No such process", a fatal log, SIGABRT): 1 of 5 runs of the
-#: recv case here. ucxcomm's endpoints have none, to keep shared memory and CMA
-#: (docs/design.md, "Failure detection"), so the suite leaves CMA out; see that section.
-FAULT_ENV = {"UCX_TLS": "^cma"}
 NOISE = ("Traceback", "Segmentation fault", "Fatal Python error", "never retrieved")
 
 
@@ -76,7 +70,7 @@ def run_fault(name: str, nranks: int, victim: int) -> dict[int, float]:
             env = dict(clean_env(), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nranks),
                        LOCAL_WORLD_SIZE=str(nranks), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port), UCXCOMM_TEST_FAULT_TIMEOUT=str(TIMEOUT_S),
-                       PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **FAULT_ENV)
+                       PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
             p = subprocess.Popen([sys.executable, PROG, name, str(victim)], env=env, cwd=ROOT,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  stdin=subprocess.DEVNULL)
@@ -118,6 +112,9 @@ def run_fault(name: str, nranks: int, victim: int) -> dict[int, float]:
             assert word not in text, f"rank {r}: {word!r}\n{_show(outs)}"
         if name == "stream":  # closing a connection to a dead peer is quiet too
             assert "UCX  ERROR" not in text, f"rank {r}: UCX error\n{_show(outs)}"
+        if name == "cma":  # and so is a copy that failed because its peer died
+            for word in ("UCX  ERROR", "UCX  WARN", "process_vm"):
+                assert word not in text, f"rank {r}: {word!r}\n{_show(outs)}"
         assert took[r] < TIMEOUT_S, f"rank {r} ended {took[r]:.1f} s after the kill"
     return took
 
@@ -160,3 +157,14 @@ def test_kill_during_stream(victim):
     print(f"stream, process {victim} killed: the other ended after "
           + ", ".join(f"{t:.2f} s" for t in took.values()))
 
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_kill_during_cma_copy(victim):
+    """Two ranks on one host with the default transports: the survivor is in the middle
+    of a kernel copy (CMA) out of the victim's memory when it dies. UCX treats that
+    copy's failure as fatal on an endpoint without an error callback (the survivor
+    aborted: "process_vm_readv ... No such process"); it must raise PeerFailure."""
+    took = run_fault("cma", 2, victim)
+    print(f"cma, rank {victim} killed: the survivor ended after "
+          + ", ".join(f"{t:.2f} s" for t in took.values()))

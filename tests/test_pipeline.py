@@ -27,9 +27,10 @@ PROG = str(Path(__file__).resolve().parent / "pipeline_prog.py")
 pytestmark = pytest.mark.timeout(120)
 
 
-async def start(*args: object) -> asyncio.subprocess.Process:
+async def start(*args: object, stdin: int = asyncio.subprocess.DEVNULL
+                ) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, PROG, *map(str, args), cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
+        sys.executable, PROG, *map(str, args), cwd=ROOT, stdin=stdin,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
 
 
@@ -201,6 +202,64 @@ async def test_killed_client_fails_only_its_connection():
     assert isinstance(outcome[0], PeerFailure), outcome
     assert results == [[100, []], [100, []], [20, []]]
     assert outcome[1] == outcome[2] == 100 and outcome[3] == 20
+
+
+def _cpu_and_switches(pid: int) -> tuple[float, int]:
+    """CPU seconds (user + system) and voluntary context switches of ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    switches = 0
+    for task in os.listdir(f"/proc/{pid}/task"):  # every thread
+        with open(f"/proc/{pid}/task/{task}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    switches += int(line.split()[1])
+    return cpu, switches
+
+
+async def test_listener_process_outlives_a_killed_client():
+    """A listener process whose client is killed mid-transfer (1 MiB messages both ways)
+    keeps serving, does not spin while idle afterwards, and exits cleanly. UCX may still
+    warn at its exit ("... was not returned to mpool", in about 1 run of 3 here): then
+    the test is marked xfail, the rest having passed."""
+    server = await start("serve", stdin=asyncio.subprocess.PIPE)  # a line: exit
+    victim = None
+    try:
+        port = int(await line_starting(server, "PORT", 60))
+        victim = await start("echo-client", port)  # 1 MiB messages both ways
+        await line_starting(victim, "STREAMING", 60)
+        victim.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(victim.wait(), 30)
+        assert await line_starting(server, "FAILED", 30) == "None"
+        late = await start("produce", port, 1, 20, 1 << 20)  # still serving
+        assert await finish(late, 60) == [20, []]
+        assert await line_starting(server, "SERVED", 30) == "1 20"
+        # Idle now: over ~1 s it must not poll (a 1 ms wake-up loop is ~1000 switches
+        # and several % of a core; a sleeping process makes a handful).
+        cpu0, sw0 = _cpu_and_switches(server.pid)
+        t0 = time.monotonic()
+        await asyncio.sleep(1.0)  # (the measured interval, not a wait for a condition)
+        cpu1, sw1 = _cpu_and_switches(server.pid)
+        span = time.monotonic() - t0
+        assert (cpu1 - cpu0) / span < 0.05, f"idle listener used {cpu1 - cpu0:.3f} s CPU"
+        assert (sw1 - sw0) / span < 200, f"idle listener woke {sw1 - sw0} times"
+        print(f"idle listener over {span:.2f} s: {cpu1 - cpu0:.3f} s CPU, "
+              f"{sw1 - sw0} voluntary context switches")
+    except BaseException:
+        kill(server)
+        raise
+    finally:
+        kill(*([victim] if victim else []))
+    _out, err = await asyncio.wait_for(server.communicate(b"quit\n"), 60)
+    text = err.decode()
+    assert server.returncode == 0, f"exit {server.returncode}\n{text[-4000:]}"
+    for word in ("UCX  ERROR", "Traceback"):
+        assert word not in text, f"{word!r} at the listener's exit:\n{text[-4000:]}"
+    if "UCX  WARN" in text:  # open (issue 15): see docs/design.md, "Failure detection"
+        pytest.xfail("UCX warned at exit about the send in flight to the killed client "
+                     "(a rendezvous send on an endpoint without UCX error handling cannot "
+                     "be purged: UCX refuses a forced close there)")
 
 
 # ---------------------------------------------------------------- backpressure

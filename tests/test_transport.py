@@ -173,3 +173,21 @@ def test_worker_pins_the_mmap_threshold(threshold, where):
                           text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == where
+
+
+async def test_endpoint_error_callback_records_only_failed_endpoints(pair):
+    """Endpoints from worker addresses carry ucxcomm's UCX error callback (a peer dying
+    mid CMA copy used to abort the process, tests/test_faults.py); its record of failed
+    endpoints names none of a healthy pair, nor the 0 of a closed ucxx endpoint (which
+    matched the record's empty slots, so closing one looked like closing a failed one)."""
+    from ucxcomm.transport import _ucx
+
+    a, b, ep = pair
+    back = b.connect(a.address)
+    got = bytearray(1)
+    recv = asyncio.ensure_future(back.recv(got, tag=5))
+    await ep.send(b"x", tag=5)
+    await recv
+    assert got == b"x"
+    assert not _ucx.ucp.ep_failed(ep._handle) and not _ucx.ucp.ep_failed(back._handle)
+    assert not _ucx.ucp.ep_failed(0)

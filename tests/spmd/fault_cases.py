@@ -27,6 +27,7 @@ import numpy as np
 import ucxcomm
 
 BIG = 1 << 20  # rendezvous-sized: the transfer is in flight when the victim dies
+CMA_BIG = 16 << 20  # case cma: copies long enough that a kill lands in one
 READY_AFTER = 5
 Loop = Callable[[ucxcomm.Comm, int, Callable[[], None]], Awaitable[None]]
 CASES: dict[str, Loop] = {}
@@ -68,6 +69,21 @@ async def recv(comm, victim, tick):
         if comm.rank == victim:
             for s in others(comm, victim):
                 await comm.Recv(buf[:8], s, tag=3)
+        tick()
+
+
+@case
+async def cma(comm, victim, tick):
+    """Survivors receive 16 MiB messages from the victim, which sends them back to back:
+    on one host the survivors spend most of their time in kernel copies out of the
+    victim's memory (CMA), so the kill lands in the middle of one."""
+    buf = np.full(CMA_BIG, comm.rank, np.uint8)
+    while True:
+        if comm.rank == victim:
+            for s in others(comm, victim):
+                await comm.Send(buf, s, tag=6)
+        else:
+            await comm.Recv(buf, victim, tag=6)
         tick()
 
 

@@ -39,6 +39,9 @@ cdef extern from "ucxcomm_ucp.h" nogil:
     void ucxcomm_log_drop_ucxx_ep_errors()
     unsigned long ucxcomm_log_ucxx_ep_errors()
     int ucxcomm_ep_transports(uintptr_t ep, char *out, size_t outlen)
+    int ucxcomm_ep_catch_errors(uintptr_t ep)
+    unsigned long ucxcomm_ep_failures()
+    int ucxcomm_ep_failed(uintptr_t ep, int forget)
 
     int ucxcomm_tag_send(uintptr_t ep, const void *buf, size_t n, uint64_t tag, int fast,
                          void **req)
@@ -123,6 +126,23 @@ def ep_transports(uintptr_t ep):
     cdef char out[4096]
     cdef int st = ucxcomm_ep_transports(ep, out, sizeof(out))
     return st, (out.decode() if st == 0 else "")
+
+
+def ep_catch_errors(uintptr_t ep):
+    """Install ucxcomm's error callback on an endpoint made without UCX error handling
+    (else a transport error about the peer, such as a CMA copy from a peer that died,
+    aborts the process); returns the status."""
+    return ucxcomm_ep_catch_errors(ep)
+
+
+def ep_failures():
+    """How many endpoint failures UCX reported to that callback in this process."""
+    return ucxcomm_ep_failures()
+
+
+def ep_failed(uintptr_t ep, bint forget=False):
+    """Whether that callback saw this endpoint fail (``forget``: when closing it)."""
+    return bool(ucxcomm_ep_failed(ep, forget))
 
 
 def log_quiet_push():

@@ -277,7 +277,8 @@ def create_listener(worker: Any, port: int, callback: Callable[[Any], None]) -> 
 
 
 def endpoint_from_address(worker: Any, address: bytes, peer: Any = None) -> Any:
-    """A UCX endpoint to the worker at ``address``, without UCX peer error handling.
+    """A UCX endpoint to the worker at ``address``, without UCX peer error handling
+    (which would keep it off shared memory) but with an error callback.
 
     A peer that died leaves shared-memory segments UCX cannot attach: that raises
     :class:`~ucxcomm.PeerFailure` naming ``peer``, and UCX's own error lines about it
@@ -294,6 +295,12 @@ def endpoint_from_address(worker: Any, address: bytes, peer: Any = None) -> Any:
         raise
     for line in ucp.log_quiet_pop():  # it worked: UCX's warnings still deserve a look
         log.warning("%s: UCX: %s", what, line)
+    # Without error handling UCX aborts the process when a lane reports the peer gone
+    # (a CMA copy out of a peer that died mid-transfer); an error callback makes it fail
+    # the endpoint's requests instead (docs/design.md, "Failure detection").
+    status = ucp.ep_catch_errors(ep.handle)
+    if status != 0:  # pragma: no cover - UCX refuses only bad parameters
+        raise status_error(status, peer=peer, what=f"{what}: error callback")
     return ep
 
 
@@ -312,9 +319,14 @@ def endpoint_from_conn_request(listener: Any, conn_request: Any) -> Any:
 def close_endpoint(ucx_ep: Any, peer_dead: bool = False) -> None:
     """Close a ucxx endpoint unless UCX already failed it (ucxx crashes closing those).
 
-    ``peer_dead``: the peer is known to have died; UCX's complaints while closing (the
-    flush of each lane failing: "error during flush: Connection reset by remote peer")
-    say nothing new, and go to this module's log at debug level."""
+    ``peer_dead``: the peer is known to have died (or UCX reported the endpoint failed,
+    through the error callback of :func:`endpoint_from_address`); UCX's complaints
+    while closing (the flush of each lane failing: "error during flush: Connection
+    reset by remote peer") say nothing new, and go to this module's log at debug
+    level."""
+    handle = getattr(ucx_ep, "handle", 0) if ucx_ep.alive else 0
+    if handle and ucp.ep_failed(handle, True):
+        peer_dead = True
     if peer_dead:
         ucp.log_quiet_push()
     try:
