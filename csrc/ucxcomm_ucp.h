@@ -42,6 +42,12 @@ const char *ucxcomm_log_quieted(unsigned i);
  * reports the failure itself (PeerFailure). The second returns how many were dropped. */
 void ucxcomm_log_drop_ucxx_ep_errors(void);
 unsigned long ucxcomm_log_ucxx_ep_errors(void);
+/* After a peer failed: drop UCX's "not returned to mpool" and "destroying inuse
+ * region" warnings (requests to that peer that UCX cannot purge, and their buffers'
+ * registrations, reported when the worker is destroyed); installed
+ * once, for the rest of the process. */
+void ucxcomm_log_drop_lost_requests(void);
+unsigned long ucxcomm_log_lost_requests(void);
 
 /* ---- tag.c: the tag message path on a ucxx-owned worker, polled requests */
 int ucxcomm_tag_send(uintptr_t ep, const void *buf, size_t n, uint64_t tag, int fast,

@@ -110,8 +110,12 @@ def run_fault(name: str, nranks: int, victim: int) -> dict[int, float]:
         assert f"PEER-FAILURE {r} peer " in text, f"rank {r}: no PeerFailure\n{_show(outs)}"
         for word in NOISE:
             assert word not in text, f"rank {r}: {word!r}\n{_show(outs)}"
-        if name == "stream":  # closing a connection to a dead peer is quiet too
-            assert "UCX  ERROR" not in text, f"rank {r}: UCX error\n{_show(outs)}"
+        if name == "stream":  # closing a connection to a dead peer is quiet too, and
+            # so is the exit (UCX warned that the send in flight to it "was not returned
+            # to mpool", its buffer "destroying inuse region": it cannot be purged;
+            # dropped once a peer failed)
+            for word in ("UCX  ERROR", "UCX  WARN"):
+                assert word not in text, f"rank {r}: {word!r}\n{_show(outs)}"
         if name == "cma":  # and so is a copy that failed because its peer died
             for word in ("UCX  ERROR", "UCX  WARN", "process_vm"):
                 assert word not in text, f"rank {r}: {word!r}\n{_show(outs)}"

@@ -38,6 +38,8 @@ cdef extern from "ucxcomm_ucp.h" nogil:
     const char *ucxcomm_log_quieted(unsigned i)
     void ucxcomm_log_drop_ucxx_ep_errors()
     unsigned long ucxcomm_log_ucxx_ep_errors()
+    void ucxcomm_log_drop_lost_requests()
+    unsigned long ucxcomm_log_lost_requests()
     int ucxcomm_ep_transports(uintptr_t ep, char *out, size_t outlen)
     int ucxcomm_ep_catch_errors(uintptr_t ep)
     unsigned long ucxcomm_ep_failures()
@@ -159,6 +161,18 @@ def log_drop_ucxx_ep_errors():
 def log_ucxx_ep_errors():
     """How many of those lines were dropped."""
     return ucxcomm_log_ucxx_ep_errors()
+
+
+def log_drop_lost_requests():
+    """From now on drop UCX's "not returned to mpool" and "destroying inuse region"
+    warnings (a peer failed: requests to it UCX cannot purge, and their registrations,
+    are reported when the worker is destroyed)."""
+    ucxcomm_log_drop_lost_requests()
+
+
+def log_lost_requests():
+    """How many such warnings were dropped."""
+    return ucxcomm_log_lost_requests()
 
 
 def log_quiet_pop():

@@ -393,6 +393,8 @@ class Worker(Transport):
         if grace is None:
             grace = PEER_GRACE_S
         dead[peer] = (time.monotonic() + grace, exc)
+        if isinstance(exc, PeerFailure):  # (not a local close: nothing is lost then)
+            _ucx.expect_lost_requests()
         self._loop.call_later(grace * 1.5, self._progress.kick)
         self._progress.kick()
 
