@@ -29,7 +29,7 @@ from .. import settings
 from ..errors import ClosedError, PeerFailure
 from . import _ucx
 from .base import FULL_MASK, Link, Peers, RecvResult, Region, Remote, Target, Transport
-from .config import Plan, check_lanes, policy_from, prepare
+from .config import Plan, check_lanes, policy_from, prepare, ucx_has_cuda
 from .endpoint import Endpoint
 from .progress import Progress
 from .rma import RmaEngines
@@ -120,7 +120,9 @@ class Worker(Transport):
         self._context = _ucx.create_context(self.options)
         self._worker = _ucx.create_worker(self._context)
         self._fd = self._worker.epoll_file_descriptor
-        self._cuda = bool(self._context.cuda_support)
+        # ucxx says CUDA support whenever UCX_TLS allows CUDA transports ("all" by
+        # default), even for a UCX built without them (mpich's: UCXCOMM_UCX=mpich).
+        self._cuda = bool(self._context.cuda_support) and ucx_has_cuda(_ucx.libucp_path())
         if spin_us is None:
             spin_us = settings.get("UCXCOMM_SPIN_US")
         self._progress = Progress(self._loop, spin_us * 1e-6, on_cancel=self.abort)
