@@ -276,8 +276,10 @@ def create_listener(worker: Any, port: int, callback: Callable[[Any], None]) -> 
     return _call(ucxx.UCXListener.create, worker, port, callback, what=f"listening on {port}")
 
 
-def endpoint_from_address(worker: Any, address: bytes, peer: Any = None) -> Any:
-    """A UCX endpoint to the worker at ``address``, without UCX peer error handling.
+def endpoint_from_address(worker: Any, address: bytes, peer: Any = None, *,
+                          error_handling: bool = False) -> Any:
+    """A UCX endpoint to the worker at ``address``, without UCX peer error handling
+    unless ``error_handling``.
 
     A peer that died leaves shared-memory segments UCX cannot attach: that raises
     :class:`~ucxcomm.PeerFailure` naming ``peer``, and UCX's own error lines about it
@@ -287,7 +289,8 @@ def endpoint_from_address(worker: Any, address: bytes, peer: Any = None) -> Any:
     ucp.log_quiet_push()
     try:
         ep = _call(lambda: worker.create_endpoint_from_worker_address(
-            ucxx.UCXAddress.create_from_buffer(address), False), peer=peer, what=what)
+            ucxx.UCXAddress.create_from_buffer(address), error_handling), peer=peer,
+            what=what)
     except BaseException:
         for line in ucp.log_quiet_pop():  # the exception says it
             log.debug("%s: UCX: %s", what, line)

@@ -243,12 +243,16 @@ class Worker(Transport):
         except ValueError:
             pass
 
-    def connect(self, address: bytes, peer: Any = None) -> Link:
+    def connect(self, address: bytes, peer: Any = None, *, other_host: bool = False) -> Link:
         """An :class:`Endpoint` to the worker whose address is ``address``; the plan is
         enforced on the lanes UCX chose (:func:`~ucxcomm.transport.config.check_lanes`).
 
-        UCX peer error handling is deliberately off: it pins endpoints to TCP and loses
-        shared memory/CMA; dead peers are detected out of band (:meth:`fail_peer`).
+        UCX peer error handling is off by default: it pins endpoints to TCP and loses
+        shared memory/CMA; dead peers are detected out of band (:meth:`fail_peer`). It is
+        on for a peer on ``other_host`` when the plan found RDMA: there is no shared
+        memory to lose, and without it UCX aborts the process on a queue pair error
+        (e.g. ``rc_verbs ... send completion with error`` when this host's link goes
+        down, seen over soft-RoCE in ci/softroce/run) instead of failing the endpoint.
 
         Raises
         ------
@@ -257,7 +261,9 @@ class Worker(Transport):
         ClosedError
         """
         self._check_open()
-        ep = Endpoint(self, _ucx.endpoint_from_address(self._worker, address, peer), peer)
+        handled = other_host and self._plan.rdma
+        ep = Endpoint(self, _ucx.endpoint_from_address(self._worker, address, peer,
+                                                       error_handling=handled), peer)
         if peer is not None:
             try:
                 check_lanes(self._plan, peer, ep.transports())
