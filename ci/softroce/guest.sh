@@ -19,7 +19,8 @@ mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs -o mode=1777 shm /dev/shm
 node="" dir=""
-for arg in $(cat /proc/cmdline); do
+read -r cmdline < /proc/cmdline
+for arg in $cmdline; do
   case "$arg" in
     softroce.node=*) node="${arg#softroce.node=}" ;;
     softroce.dir=*) dir="${arg#softroce.dir=}" ;;
@@ -36,6 +37,7 @@ if ! mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out "$OUT"; then
   echo "guest: cannot mount the output directory"
   poweroff_now
 fi
+# shellcheck disable=SC2329 # (called by the EXIT trap)
 finish() {
   local rc=$?
   echo "$rc" > "$OUT/node$node.done"
