@@ -51,6 +51,13 @@ for v in "$node_rank" "$nnodes" "$nproc" "${NODE_TIMEOUT:-0}"; do
       ;;
   esac
 done
+case "${NODE_CHECKS:-full}" in
+  full | devices) ;;
+  *)
+    echo "node-entry: NODE_CHECKS must be full or devices (got '${NODE_CHECKS}')" >&2
+    exit 2
+    ;;
+esac
 if [ "$node_rank" -ge "$nnodes" ] || [ "$nproc" -lt 1 ]; then
   echo "node-entry: NODE_RANK=$node_rank must be below NNODES=$nnodes and" \
     "NPROC_PER_NODE=$nproc at least 1" >&2
@@ -111,10 +118,6 @@ say "ibv_devices lists $rxe"
 export UCXCOMM_TRANSPORT="${UCXCOMM_TRANSPORT:-rdma}"
 export UCXCOMM_DEVICES="${UCXCOMM_DEVICES:-$rxe:1}"
 export UCXCOMM_UCX="${UCXCOMM_UCX:-auto}"
-case "${NODE_CHECKS:-full}" in
-  full | devices) ;;
-  *) fail "NODE_CHECKS must be full or devices (got '${NODE_CHECKS}')" ;;
-esac
 if [ "${NODE_CHECKS:-full}" = full ]; then
   info="$(ucxcomm info --json)" || fail "ucxcomm info failed (see above)"
   # ucx_resources is the chosen UCX's `ucx_info -d`; the lanes are those of an endpoint to
