@@ -13,8 +13,8 @@
 #   log matches PATTERN (grep -E). Result: $OUT/NAME.nodeN.rc ("RC SECONDS ok|FAIL").
 set -u
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# (/tmp stays the overlay's: the checkout itself may live under the host's /tmp)
 mount -t tmpfs -o mode=0755 run /run
-mount -t tmpfs -o mode=1777 tmp /tmp
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs -o mode=1777 shm /dev/shm
