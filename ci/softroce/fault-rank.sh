@@ -7,7 +7,8 @@
 # its output has a line starting with READY (the program's loop is under way):
 #   kill  SIGKILLs it, prints "VICTIM-KILLED RANK" and exits 0 (the others must notice);
 #   cut   takes this node's link down (RXE_NETDEV, else eth0), prints "LINK-CUT RANK",
-#         and exits with PROGRAM's status (it must notice the lost peers as well).
+#         and exits with PROGRAM's status (it must notice the lost peers as well); the
+#         link comes back up then (the rxe device with it) for what runs next.
 set -uo pipefail
 victim="$1" mode="$2"
 shift 2
@@ -40,6 +41,7 @@ case "$mode" in
     echo "LINK-CUT $RANK"
     wait "$pid"
     rc=$?
+    ip link set "${RXE_NETDEV:-eth0}" up
     sleep 0.5 # (the tail's last lines)
     exit "$rc"
     ;;
