@@ -5,6 +5,8 @@ latency, 1 MiB bandwidth, Put+Flush and Fetch_and_op latency. Rank 0 prints
 between the two mean anything.
 
 ``python ratio_prog.py LABEL [REPS]``: REPS round trips per latency sample (default 200).
+(Rank 1 prints ``RATIO-PEER done``.) Over TCP the ranks need ``UCX_NET_DEVICES`` naming
+the interface (the harness's ``UCXCOMM_DEVICES`` names the rxe port).
 """
 
 from __future__ import annotations
@@ -88,7 +90,9 @@ async def main(label: str, reps: int) -> None:
             await comm.barrier()
         rma_lanes = win.transport_info()[other]
         await win.Free()
-        if me == 0:
+        if me == 1:
+            print("RATIO-PEER done", flush=True)
+        else:
             print("RATIO " + json.dumps({"label": label, **res,
                                          "lanes": [f"{t}/{d}" for t, d in
                                                    comm.transport_info()[other]],
