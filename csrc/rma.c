@@ -223,7 +223,7 @@ int ucxcomm_rma_address(void *eng, char *buf, size_t buflen, size_t *len)
     return n <= buflen ? (int)UCS_OK : (int)UCS_ERR_BUFFER_TOO_SMALL;
 }
 
-int ucxcomm_rma_connect(void *eng, const void *addr, int err_peer, uintptr_t *ep)
+int ucxcomm_rma_connect(void *eng, const void *addr, uintptr_t *ep)
 {
     ucxcomm_rma_t *e = (ucxcomm_rma_t *)eng;
     ucp_ep_params_t params;
@@ -232,10 +232,6 @@ int ucxcomm_rma_connect(void *eng, const void *addr, int err_peer, uintptr_t *ep
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
     params.address = (const ucp_address_t *)addr;
-    if (err_peer) {
-        params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-        params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    }
     st = ucp_ep_create(e->worker, &params, &h);
     *ep = (uintptr_t)h;
     return (int)st;

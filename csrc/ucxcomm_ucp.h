@@ -70,9 +70,7 @@ int ucxcomm_rma_create(const char *const *keys, const char *const *values, size_
                        double spin_s, void **out, char *err, size_t errlen);
 void ucxcomm_rma_destroy(void *eng);
 int ucxcomm_rma_address(void *eng, char *buf, size_t buflen, size_t *len);
-/* err_peer: UCX peer error handling on the endpoint (a peer on another host over RDMA:
- * without it a queue pair error aborts the process). */
-int ucxcomm_rma_connect(void *eng, const void *addr, int err_peer, uintptr_t *ep);
+int ucxcomm_rma_connect(void *eng, const void *addr, uintptr_t *ep);
 void ucxcomm_rma_ep_close(void *eng, uintptr_t ep);
 int ucxcomm_rma_mem_map(void *eng, void *addr, size_t len, void **memh);
 /* Memory allocated by UCX (shared-memory capable where a transport can attach it: peers

@@ -59,37 +59,3 @@ async def test_bad_rma_calls_move_nothing():
         await remote.put(np.ones(1), 0)
     region.close()
     await worker.close()
-
-
-async def test_rma_endpoints_to_other_hosts_get_peer_error_handling(monkeypatch):
-    """Regression (issue 14, soft-RoCE VMs): with RDMA, the RMA engines' endpoints to a
-    peer on another host get UCX peer error handling, as the tag endpoints do (without it
-    a queue pair error aborted the process); the others keep it off. Traffic still flows
-    on an endpoint with error handling."""
-    from ucxcomm.transport import _ucx
-
-    owner = Worker()  # (loads UCX and the extension)
-    seen = []
-    real = _ucx.ucp.rma_connect
-
-    def spy(handle, address, err_peer=False):
-        seen.append(err_peer)
-        return real(handle, address, err_peer)
-
-    monkeypatch.setattr(_ucx.ucp, "rma_connect", spy)
-    mem = np.zeros(4, np.int64)
-    region = owner.register(mem)
-    for i, (rdma, peer) in enumerate(((False, 5), (True, 6), (True, 5))):
-        w = Worker()
-        monkeypatch.setattr(w._rma, "_rdma", rdma)
-        w.other_hosts.add(5)
-        remote = w.remote_memory(region.rkey, region.address, region.nbytes, peer)
-        await remote.put(np.array([7], np.int64), 8 * i)
-        await remote.flush()
-        remote.close()
-        await w.close()
-    # (two engines each time, without an RDMA device: one endpoint per engine)
-    assert seen == [False, False, False, False, True, True]
-    assert mem.tolist() == [7, 7, 7, 0]
-    region.close()
-    await owner.close()

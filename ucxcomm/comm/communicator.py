@@ -52,9 +52,6 @@ class World:
         #: the bootstrap exchanged them: endpoints to ranks known to be on another host
         #: may use UCX peer error handling (:meth:`Transport.connect`).
         self.hosts = hosts
-        others = getattr(worker, "other_hosts", None)  # (ucxcomm's Worker)
-        if hosts is not None and others is not None:
-            others.update(r for r in range(size) if self.other_host(r))
         self.next_cid = 1  # 0 is the world communicator
         self._eps: dict[int, Link] = {}
         self.closed = False

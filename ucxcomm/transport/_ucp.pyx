@@ -59,7 +59,7 @@ cdef extern from "ucxcomm_ucp.h" nogil:
                            double spin_s, void **out, char *err, size_t errlen)
     void ucxcomm_rma_destroy(void *eng)
     int ucxcomm_rma_address(void *eng, char *buf, size_t buflen, size_t *length)
-    int ucxcomm_rma_connect(void *eng, const void *addr, int err_peer, uintptr_t *ep)
+    int ucxcomm_rma_connect(void *eng, const void *addr, uintptr_t *ep)
     void ucxcomm_rma_ep_close(void *eng, uintptr_t ep)
     int ucxcomm_rma_mem_map(void *eng, void *addr, size_t length, void **memh)
     int ucxcomm_rma_mem_alloc(void *eng, size_t length, void **memh, void **addr)
@@ -858,9 +858,9 @@ def rma_address(uintptr_t eng):
     return st, (buf[:n] if st == 0 else b"")
 
 
-def rma_connect(uintptr_t eng, bytes address, bint err_peer=False):
+def rma_connect(uintptr_t eng, bytes address):
     cdef uintptr_t ep = 0
-    cdef int st = ucxcomm_rma_connect(<void *>eng, <const char *>address, err_peer, &ep)
+    cdef int st = ucxcomm_rma_connect(<void *>eng, <const char *>address, &ep)
     return st, ep
 
 

@@ -145,13 +145,12 @@ class RmaEngine:
         self._loop = loop
         progress.add(self)
 
-    def endpoint(self, address: bytes, error_handling: bool = False) -> int:
-        """The (cached) endpoint handle to the engine at ``address`` (``error_handling``:
-        with UCX peer error handling, when it is created here)."""
+    def endpoint(self, address: bytes) -> int:
+        """The (cached) endpoint handle to the engine at ``address``."""
         self.check()
         ep = self._eps.get(address)
         if ep is None:
-            st, ep = self._ucp.rma_connect(self.handle, address, error_handling)
+            st, ep = self._ucp.rma_connect(self.handle, address)
             if st != 0:
                 raise _ucx.status_error(st, what="RMA connect")
             self._eps[address] = ep
@@ -257,10 +256,6 @@ class RmaEngines:
                  loop: asyncio.AbstractEventLoop, dead: dict[Any, Any] | None = None
                  ) -> None:
         self._options = dict(options)
-        self._rdma = rdma
-        #: Labels of the peers known to run on another host (``Worker.other_hosts``):
-        #: with RDMA their endpoints get UCX peer error handling, as the tag endpoints do.
-        self.other_hosts: set[Any] = set()
         self._dead = dead
         self._progress = progress
         self._loop = loop
@@ -435,11 +430,10 @@ class RemoteMemory(Remote):
         self.closed = False
         registered: dict[bool, tuple[RmaEngine, int, int]] = {}
         shared = None
-        handled = engines._rdma and peer is not None and peer in engines.other_hosts
         try:
             for v1, allocated, peer, packed in found:
                 eng = engines.engine(v1)
-                ep = eng.endpoint(peer, handled)
+                ep = eng.endpoint(peer)
                 st, key = _ucx.ucp.rma_rkey_unpack(ep, packed)
                 if st != 0:
                     raise _ucx.status_error(st, what="rkey unpack")

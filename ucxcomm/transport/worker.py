@@ -144,13 +144,6 @@ class Worker(Transport):
         return bytes(self._worker.address)
 
     @property
-    def other_hosts(self) -> set[Any]:
-        """Peer labels known to run on another host (filled by the world from the
-        bootstrap's host identities, and by :meth:`connect`): with RDMA, endpoints to them,
-        tag and RMA, get UCX peer error handling."""
-        return self._rma.other_hosts
-
-    @property
     def cuda_support(self) -> bool:
         return self._cuda
 
@@ -269,8 +262,6 @@ class Worker(Transport):
         """
         self._check_open()
         handled = other_host and self._plan.rdma
-        if other_host and peer is not None:
-            self.other_hosts.add(peer)
         ep = Endpoint(self, _ucx.endpoint_from_address(self._worker, address, peer,
                                                        error_handling=handled), peer)
         if peer is not None:
