@@ -17,7 +17,7 @@ for src in csrc/*.c; do
   "${CC:-cc}" -std=gnu11 -O2 -Wall -Wextra -Werror -isystem "$UCX_INC" -Icsrc -c "$src" \
     -o /dev/null
 done
-shellcheck ci/*.sh ci/softroce/*.sh
+shellcheck ci/*.sh ci/softroce/*.sh ci/softroce/run ci/softroce/initramfs-init
 hadolint docker/Dockerfile
 check-jsonschema --builtin-schema vendor.compose-spec docker/compose.yaml
 kubernetes-validate --strict --quiet docs/k8s/*.yaml

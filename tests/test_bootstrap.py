@@ -144,3 +144,19 @@ def test_finalize_then_init_again_under_the_launcher():
     assert proc.returncode == 0, proc.stderr[-4000:]
     for r in range(3):
         assert f"[{r}] REINIT-OK rank {r}" in proc.stdout
+
+
+def test_store_entries_carry_the_host():
+    """Each rank publishes its host identity with its worker address (issue 14: RDMA
+    endpoints to other hosts get UCX peer error handling); unknown hosts are never
+    "other"."""
+    from ucxcomm.comm import World
+    from ucxcomm.launch.bootstrap import pack_address, unpack_address
+
+    for host, addr in ((b"boot:1:2", b"\x00ucx\xff" * 40), (b"", b"a"), (b"h" * 300, b"")):
+        assert unpack_address(pack_address(host, addr)) == (host, addr)
+    world = World.__new__(World)
+    world.rank, world.hosts = 0, [b"a", b"a", b"b", b""]
+    assert [world.other_host(r) for r in range(4)] == [False, False, True, False]
+    world.hosts = None
+    assert not world.other_host(2)

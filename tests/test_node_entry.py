@@ -37,6 +37,8 @@ def test_a_program_is_required_unless_checking():
     ({"NPROC_PER_NODE": "two"},
      "node-entry: NODE_RANK, NNODES, NPROC_PER_NODE and NODE_TIMEOUT must be non-negative "
      "integers (got 'two')\n"),
+    ({"NODE_CHECKS": "some"},
+     "node-entry: NODE_CHECKS must be full or devices (got 'some')\n"),
     ({"RXE_NETDEV": "nonexistent0"},
      "node-entry[0]: no network interface nonexistent0 (set RXE_NETDEV)\n"),
 ])

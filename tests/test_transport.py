@@ -191,3 +191,33 @@ async def test_endpoint_error_callback_records_only_failed_endpoints(pair):
     assert got == b"x"
     assert not _ucx.ucp.ep_failed(ep._handle) and not _ucx.ucp.ep_failed(back._handle)
     assert not _ucx.ucp.ep_failed(0)
+
+
+def test_rdma_endpoints_to_other_hosts_get_peer_error_handling(monkeypatch):
+    """Regression (issue 14, soft-RoCE VMs): without UCX peer error handling a queue pair
+    error (this host's link went down) made UCX abort the process. Endpoints to a peer
+    known to be on another host get it when the plan found RDMA; all others keep it off
+    (shared memory and CMA)."""
+    from ucxcomm.transport import _ucx
+
+    seen = []
+    real = _ucx.endpoint_from_address
+
+    def spy(worker, address, peer=None, *, error_handling=False):
+        seen.append(error_handling)
+        return real(worker, address, peer, error_handling=error_handling)
+
+    monkeypatch.setattr(_ucx, "endpoint_from_address", spy)
+
+    async def main():
+        w = Worker()
+        try:
+            for other_host, rdma in ((False, False), (True, False), (False, True),
+                                     (True, True)):
+                monkeypatch.setattr(w._plan, "rdma", rdma)
+                w.connect(w.address, peer=0, other_host=other_host).abort()
+        finally:
+            w.abort()
+
+    asyncio.run(main())
+    assert seen == [False, False, False, True]

@@ -76,6 +76,16 @@ def test_info_names_mpichs_ucx_and_why():
     assert report["verbs"] is True and report["rdmacm"] is True
     # Resources listed by the wheel's ucx_info running on mpich's libraries.
     assert "tcp/lo (network)" in report["ucx_resources"]
+    # Regression (issue 14): ucxx reports CUDA support whenever UCX_TLS allows CUDA
+    # ("all" here, no RDMA port), although mpich's UCX has no CUDA module at all.
+    assert report["cuda_support"] is False
+
+
+def test_cuda_support_needs_the_cuda_module(tmp_path):
+    with_cuda = _fake_ucx(tmp_path / "a", "wheel", ["uct_cma", "uct_cuda"])
+    without = _fake_ucx(tmp_path / "b", "mpich", ["uct_ib", "uct_rdmacm", "uct_cma"])
+    assert tc.ucx_has_cuda(str(with_cuda))
+    assert not tc.ucx_has_cuda(str(without))
 
 
 def test_a_path_names_a_ucx_too(tmp_path):

@@ -2,7 +2,9 @@
 torchrun-style (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
 
 ``work``: point-to-point, collectives and one-sided windows across the hosts over TCP,
-checked; prints ``CLUSTER-OK r`` with the lanes to the next rank.
+checked; prints ``CLUSTER-OK r`` with the lanes to the next rank (and the window's). The
+lanes must all be of the transports ``CLUSTER_LANES`` names, the first one among them
+(default ``tcp``; the soft-RoCE VMs of ci/softroce/run say ``rc_verbs,ud_verbs``).
 ``cut``: an Allreduce + ring exchange loop; prints ``READY r`` once under way. The script
 then cuts one host's link; every rank must leave the loop with ``PeerFailure`` (printing
 ``PEER-FAILURE r peer P after S s``, S since its last completed round) and exits 3.
@@ -11,6 +13,7 @@ then cuts one host's link; every rank must leave the loop with ``PeerFailure`` (
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 
@@ -67,11 +70,14 @@ async def work(comm) -> None:
     await comm.barrier()
     if r == 0:  # (rank p-1's Put, then one Accumulate of 1 per rank)
         assert mem[p - 1] == 100 + (p - 1) + p, mem
+    want = os.environ.get("CLUSTER_LANES", "tcp").split(",")
+    rma_lanes = win.transport_info()[right]
     await counter.Free()
     await win.Free()
     lanes = comm.transport_info()[right]
-    assert lanes and all(tl == "tcp" for tl, _ in lanes), lanes
-    print(f"CLUSTER-OK {r} lanes {lanes}", flush=True)
+    for got in (lanes, rma_lanes):
+        assert want[0] in [tl for tl, _ in got] and all(tl in want for tl, _ in got), got
+    print(f"CLUSTER-OK {r} lanes {lanes} rma {rma_lanes}", flush=True)
 
 
 async def cut(comm) -> None:

@@ -7,7 +7,8 @@ runs CASE's loop, in which every iteration involves rank VICTIM, and prints
 survivor must leave its loop with ``PeerFailure`` within ``UCXCOMM_TEST_FAULT_TIMEOUT``
 seconds (an ``asyncio.timeout`` around the loop: a hang fails the case instead of
 waiting forever) and prints ``PEER-FAILURE r peer P after S s`` (S: since its last
-completed iteration), then aborts its communicator and exits 0.
+completed iteration), then (``UCXCOMM_TEST_LINGER_S``: after that many seconds of
+progress, printing ``LINGERED r``) aborts its communicator and exits 0.
 
 Case ``stream`` uses connected endpoints (``ucxcomm.transport.listen``/``connect``)
 instead of a world: rank 0 listens on ``MASTER_PORT + 2``, prints ``LISTENING 0`` and
@@ -239,6 +240,16 @@ async def main(name: str, victim: int) -> None:
             await CASES[name](comm, victim, tick)
     except ucxcomm.PeerFailure as exc:
         report(comm.rank, exc, state["last"])
+    linger = float(os.environ.get("UCXCOMM_TEST_LINGER_S", "0"))
+    if linger:
+        # A survivor that goes on (instead of aborting at once) must outlive UCX's own
+        # discovery of the death: over RDMA the queue pairs to the dead peer fail once
+        # their retries run out (seconds later), which UCX treated as fatal.
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < linger:
+            await asyncio.sleep(0.1)
+            comm.group.transport.poll()  # (the event loop progresses it too)
+        print(f"LINGERED {comm.rank} {linger:.0f} s", flush=True)
     comm.abort()
 
 

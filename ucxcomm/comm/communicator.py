@@ -43,11 +43,15 @@ class World:
     """
 
     def __init__(self, worker: Transport, rank: int, size: int,
-                 addresses: list[bytes]) -> None:
+                 addresses: list[bytes], hosts: list[bytes] | None = None) -> None:
         self.worker = worker
         self.rank = rank
         self.size = size
         self.addresses = addresses
+        #: Each rank's host identity (``listener.host_identity``; empty: unknown), when
+        #: the bootstrap exchanged them: endpoints to ranks known to be on another host
+        #: may use UCX peer error handling (:meth:`Transport.connect`).
+        self.hosts = hosts
         self.next_cid = 1  # 0 is the world communicator
         self._eps: dict[int, Link] = {}
         self.closed = False
@@ -62,9 +66,17 @@ class World:
     def endpoint(self, world_rank: int) -> Link:
         ep = self._eps.get(world_rank)
         if ep is None:
-            ep = self.worker.connect(self.addresses[world_rank], peer=world_rank)
+            ep = self.worker.connect(self.addresses[world_rank], peer=world_rank,
+                                     other_host=self.other_host(world_rank))
             self._eps[world_rank] = ep
         return ep
+
+    def other_host(self, world_rank: int) -> bool:
+        """Whether ``world_rank`` is known to run on another host than this rank."""
+        if self.hosts is None:
+            return False
+        mine, theirs = self.hosts[self.rank], self.hosts[world_rank]
+        return bool(mine) and bool(theirs) and mine != theirs
 
     def peer_failed(self, world_rank: int, quiet: bool = False) -> None:
         """Called when the bootstrap store reports that ``world_rank`` died (``quiet``:

@@ -232,10 +232,22 @@ def _next_generation() -> int:
     return _generation
 
 
+def pack_address(host: bytes, address: bytes) -> bytes:
+    """A rank's entry in the store: its host identity (length-prefixed) and worker address."""
+    return len(host).to_bytes(2, "little") + host + address
+
+
+def unpack_address(value: bytes) -> tuple[bytes, bytes]:
+    """``(host identity, worker address)`` of a :func:`pack_address` entry."""
+    n = int.from_bytes(value[:2], "little")
+    return bytes(value[2:2 + n]), bytes(value[2 + n:])
+
+
 async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | None,
                       policy: Any = None) -> World:
     from ..transport import Worker  # keep `import ucxcomm` free of UCX
     from ..transport.config import policy_from, prepare
+    from ..transport.listener import host_identity
 
     # Transport policy first: transport="rdma" without RDMA fails here, before any
     # connection to the store or to peers.
@@ -258,16 +270,21 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
                 await server.close()
             raise
     worker = Worker(config, plan=plan)
+    hosts: list[bytes] | None = None
     try:
         if client is None:
             addresses = [worker.address]
         else:
             # Keys are per world generation: a job may finalize and init again (every
             # rank the same number of times), and the launcher's store outlives worlds.
+            # Each value: this rank's host identity, then its worker address.
             gen = _next_generation()
-            await client.set(f"w{gen}/addr/{spec.rank}", worker.address, timeout)
-            addresses = [await client.get(f"w{gen}/addr/{r}", timeout)
-                         for r in range(spec.size)]
+            await client.set(f"w{gen}/addr/{spec.rank}",
+                             pack_address(host_identity(), worker.address), timeout)
+            entries = [unpack_address(await client.get(f"w{gen}/addr/{r}", timeout))
+                       for r in range(spec.size)]
+            hosts = [h for h, _ in entries]
+            addresses = [a for _, a in entries]
     except BaseException:
         worker.abort()
         if client is not None:
@@ -275,7 +292,7 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
         if server is not None:
             await server.close()
         raise
-    world = World(worker, spec.rank, spec.size, addresses)
+    world = World(worker, spec.rank, spec.size, addresses, hosts)
     if spec.source == "ucxcomm":
         _install_task_dump(spec.rank)
     if client is not None:

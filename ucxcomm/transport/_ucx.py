@@ -276,9 +276,11 @@ def create_listener(worker: Any, port: int, callback: Callable[[Any], None]) -> 
     return _call(ucxx.UCXListener.create, worker, port, callback, what=f"listening on {port}")
 
 
-def endpoint_from_address(worker: Any, address: bytes, peer: Any = None) -> Any:
+def endpoint_from_address(worker: Any, address: bytes, peer: Any = None, *,
+                          error_handling: bool = False) -> Any:
     """A UCX endpoint to the worker at ``address``, without UCX peer error handling
-    (which would keep it off shared memory) but with an error callback.
+    (which would keep it off shared memory) unless ``error_handling``; without it, the
+    endpoint gets ucxcomm's error callback instead (with it, ucxx's own).
 
     A peer that died leaves shared-memory segments UCX cannot attach: that raises
     :class:`~ucxcomm.PeerFailure` naming ``peer``, and UCX's own error lines about it
@@ -288,7 +290,8 @@ def endpoint_from_address(worker: Any, address: bytes, peer: Any = None) -> Any:
     ucp.log_quiet_push()
     try:
         ep = _call(lambda: worker.create_endpoint_from_worker_address(
-            ucxx.UCXAddress.create_from_buffer(address), False), peer=peer, what=what)
+            ucxx.UCXAddress.create_from_buffer(address), error_handling), peer=peer,
+            what=what)
     except BaseException:
         for line in ucp.log_quiet_pop():  # the exception says it
             log.debug("%s: UCX: %s", what, line)
@@ -298,7 +301,7 @@ def endpoint_from_address(worker: Any, address: bytes, peer: Any = None) -> Any:
     # Without error handling UCX aborts the process when a lane reports the peer gone
     # (a CMA copy out of a peer that died mid-transfer); an error callback makes it fail
     # the endpoint's requests instead (docs/design.md, "Failure detection").
-    status = ucp.ep_catch_errors(ep.handle)
+    status = 0 if error_handling else ucp.ep_catch_errors(ep.handle)
     if status != 0:  # pragma: no cover - UCX refuses only bad parameters
         raise status_error(status, peer=peer, what=f"{what}: error callback")
     return ep

@@ -167,11 +167,12 @@ class Transport(ABC):
 
     # ----------------------------------------------------------- endpoints
     @abstractmethod
-    def connect(self, address: bytes, peer: Any = None) -> Link:
+    def connect(self, address: bytes, peer: Any = None, *, other_host: bool = False) -> Link:
         """A :class:`Link` to the worker at ``address``; ``peer`` labels it for
         :meth:`fail_peer`. Enforces the transport policy on the lanes UCX chose
         (``transport="rdma"``: a peer reachable only without RDMA raises
-        :class:`~ucxcomm.PeerFailure`)."""
+        :class:`~ucxcomm.PeerFailure`). ``other_host``: the peer is known to run on
+        another host (no shared memory to lose by UCX peer error handling)."""
 
     # ------------------------------------------------------------- buffers
     @abstractmethod

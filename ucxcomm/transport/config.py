@@ -181,6 +181,12 @@ def ucx_modules(libucp: str) -> set[str]:
     return names
 
 
+def ucx_has_cuda(libucp: str) -> bool:
+    """Whether the UCX at ``libucp`` has its CUDA transports (the ``uct_cuda`` module):
+    mpich's private UCX, for one, has none."""
+    return "uct_cuda" in ucx_modules(libucp)
+
+
 def parse_ucx_info_devices(text: str) -> list[tuple[str, str, str]]:
     """``(transport, device, type)`` for each resource of a ``ucx_info -d`` listing."""
     out = []

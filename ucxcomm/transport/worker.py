@@ -29,7 +29,7 @@ from .. import settings
 from ..errors import ClosedError, PeerFailure
 from . import _ucx
 from .base import FULL_MASK, Link, Peers, RecvResult, Region, Remote, Target, Transport
-from .config import Plan, check_lanes, policy_from, prepare
+from .config import Plan, check_lanes, policy_from, prepare, ucx_has_cuda
 from .endpoint import Endpoint
 from .progress import Progress
 from .rma import RmaEngines
@@ -120,7 +120,9 @@ class Worker(Transport):
         self._context = _ucx.create_context(self.options)
         self._worker = _ucx.create_worker(self._context)
         self._fd = self._worker.epoll_file_descriptor
-        self._cuda = bool(self._context.cuda_support)
+        # ucxx says CUDA support whenever UCX_TLS allows CUDA transports ("all" by
+        # default), even for a UCX built without them (mpich's: UCXCOMM_UCX=mpich).
+        self._cuda = bool(self._context.cuda_support) and ucx_has_cuda(_ucx.libucp_path())
         if spin_us is None:
             spin_us = settings.get("UCXCOMM_SPIN_US")
         self._progress = Progress(self._loop, spin_us * 1e-6, on_cancel=self.abort)
@@ -241,12 +243,16 @@ class Worker(Transport):
         except ValueError:
             pass
 
-    def connect(self, address: bytes, peer: Any = None) -> Link:
+    def connect(self, address: bytes, peer: Any = None, *, other_host: bool = False) -> Link:
         """An :class:`Endpoint` to the worker whose address is ``address``; the plan is
         enforced on the lanes UCX chose (:func:`~ucxcomm.transport.config.check_lanes`).
 
-        UCX peer error handling is deliberately off: it pins endpoints to TCP and loses
-        shared memory/CMA; dead peers are detected out of band (:meth:`fail_peer`).
+        UCX peer error handling is off by default: it pins endpoints to TCP and loses
+        shared memory/CMA; dead peers are detected out of band (:meth:`fail_peer`). It is
+        on for a peer on ``other_host`` when the plan found RDMA: there is no shared
+        memory to lose, and without it UCX aborts the process on a queue pair error
+        (e.g. ``rc_verbs ... send completion with error`` when this host's link goes
+        down, seen over soft-RoCE in ci/softroce/run) instead of failing the endpoint.
 
         Raises
         ------
@@ -255,7 +261,9 @@ class Worker(Transport):
         ClosedError
         """
         self._check_open()
-        ep = Endpoint(self, _ucx.endpoint_from_address(self._worker, address, peer), peer)
+        handled = other_host and self._plan.rdma
+        ep = Endpoint(self, _ucx.endpoint_from_address(self._worker, address, peer,
+                                                       error_handling=handled), peer)
         if peer is not None:
             try:
                 check_lanes(self._plan, peer, ep.transports())
