@@ -181,3 +181,18 @@ def test_cuda_tensors():
     """CUDA tensors (each rank on device LOCAL_RANK % device count) against gloo on the
     same values copied to the host."""
     _under_launcher("cuda", 2)
+
+
+def test_failed_join_leaks_nothing():
+    """A group that cannot form (its peer never comes; its rank 0 never joins the
+    liveness store) fails init_process_group and leaves no thread, no socket, no
+    descriptor of ours behind; a group formed afterwards works (before the fix the
+    event-loop thread and the liveness store's connection stayed)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "spmd" / "torch_join_fail.py")],
+                          capture_output=True, text=True, timeout=120, env=clean_env(),
+                          stdin=subprocess.DEVNULL)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-_TAIL:]
+    for what in ("alone", "liveness", "after a group"):
+        assert f"CLEAN {what}" in proc.stdout, out[-_TAIL:]
+    assert "JOIN-FAIL-OK" in proc.stdout, out[-_TAIL:]

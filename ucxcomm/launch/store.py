@@ -352,6 +352,13 @@ class StoreClient:
             writer.close()
             raise BootstrapError(f"bootstrap store {host}:{port} closed the connection") \
                 from exc
+        except TimeoutError:
+            writer.close()  # (it was left open)
+            raise CommTimeoutError(f"bootstrap store {host}:{port} did not answer the "
+                                   f"handshake within {timeout:g} s") from None
+        except BaseException:
+            writer.close()
+            raise
         if not reply.get("ok"):
             writer.close()
             raise BootstrapError(f"bootstrap store {host}:{port} refused us: "

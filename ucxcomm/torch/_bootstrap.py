@@ -136,13 +136,19 @@ def form_world(lt: LoopThread, store: Any, rank: int, size: int, timeout: float)
         world = World(worker, rank, size, addresses)
         if live is None:
             return world
+        client = None
         try:
             client = await StoreClient.connect(live["host"], int(live["port"]),
                                                live["token"], timeout)
+            await watch_peers(world, client, server, host_rank=0, timeout=timeout)
         except BaseException:
+            # Nothing of the failed group stays: the liveness connection, the worker,
+            # the liveness store this rank served (before, the first two leaked).
+            world.closed = True  # (the connection's loss is no peer's failure now)
+            if client is not None:
+                await client.close()
             await _abort(worker, server)
             raise
-        await watch_peers(world, client, server, host_rank=0, timeout=timeout)
         return world
 
     world = lt.run(join(), timeout + 5.0)

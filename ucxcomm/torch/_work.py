@@ -16,7 +16,7 @@ import torch.distributed as dist
 from ..errors import CommTimeoutError, PeerFailure, UcxCommError
 
 __all__ = ["LoopThread", "PeerFailureError", "Work", "WorkError", "WorkTimeoutError",
-           "loop_thread"]
+           "loop_thread", "release_loop_thread"]
 
 
 class WorkError(UcxCommError, dist.DistBackendError):
@@ -103,7 +103,8 @@ class LoopThread:
             self._closers.remove(closer)
 
     def shutdown(self) -> None:
-        """Close every group still open (at interpreter exit), then stop the loop."""
+        """Close every group still open (at interpreter exit), stop the loop, end the
+        thread and close the loop (its descriptors): nothing of it is left."""
         closers, self._closers = self._closers, []
 
         async def close_all() -> None:
@@ -118,22 +119,64 @@ class LoopThread:
                 self.run(close_all(), timeout=20.0)
             except Exception:  # pragma: no cover - best effort at exit
                 pass
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5.0)
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5.0)
+        if self._thread.is_alive() or self.loop.is_closed():
+            return  # (stuck in a callback: leave it to the interpreter's exit)
+        # What was cancelled or still winding down (a failed join's clean-up) finishes
+        # here, on this thread, before the loop closes (as asyncio.run does).
+        loop = self.loop
+        try:
+            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.wait(tasks, timeout=10.0))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        except Exception:  # pragma: no cover - best effort
+            pass
+        finally:
+            loop.close()
 
 
 _loop_thread: LoopThread | None = None
+_loop_users = 0
 _loop_lock = threading.Lock()
 
 
 def loop_thread() -> LoopThread:
-    """This process's :class:`LoopThread`, started on first use."""
-    global _loop_thread
+    """This process's :class:`LoopThread`, started on first use; each call takes a
+    reference that :func:`release_loop_thread` gives back (the last one ends it)."""
+    global _loop_thread, _loop_users
     with _loop_lock:
         if _loop_thread is None:
             _loop_thread = LoopThread()
-            atexit.register(_loop_thread.shutdown)
+        _loop_users += 1
         return _loop_thread
+
+
+def release_loop_thread(lt: LoopThread) -> None:
+    """Give back a reference taken by :func:`loop_thread`: once none is left (every
+    group closed, or the only one failed to form), the thread ends and its loop closes."""
+    global _loop_thread, _loop_users
+    with _loop_lock:
+        if lt is not _loop_thread:
+            return
+        _loop_users -= 1
+        if _loop_users > 0:
+            return
+        _loop_thread, _loop_users = None, 0
+    lt.shutdown()
+
+
+@atexit.register
+def _shutdown_at_exit() -> None:
+    global _loop_thread, _loop_users
+    with _loop_lock:
+        lt, _loop_thread, _loop_users = _loop_thread, None, 0
+    if lt is not None:
+        lt.shutdown()
 
 
 class Work(dist.Work):

@@ -30,7 +30,14 @@ from .. import comm as _c
 from ..comm import IN_PLACE, TAG_UB, Op
 from ..errors import PeerFailure, UnsupportedError
 from ._bootstrap import form_world
-from ._work import PeerFailureError, Work, WorkError, WorkTimeoutError, loop_thread
+from ._work import (
+    PeerFailureError,
+    Work,
+    WorkError,
+    WorkTimeoutError,
+    loop_thread,
+    release_loop_thread,
+)
 
 __all__ = ["BACKEND_NAME", "ProcessGroupUCXComm", "create_process_group"]
 
@@ -203,7 +210,11 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         self._rank, self._size = rank, size
         self._timeout = _seconds(timeout) or 1800.0
         self._lt = loop_thread()
-        self._world = form_world(self._lt, store, rank, size, self._timeout)
+        try:
+            self._world = form_world(self._lt, store, rank, size, self._timeout)
+        except BaseException:
+            release_loop_thread(self._lt)  # (the last user: the thread ends)
+            raise
         self._comm = self._world.comm
         self._broken: BaseException | None = None
         self._closed = False
@@ -759,7 +770,10 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         if self._closed:
             return
         self._lt.remove_closer(self._close)
-        self._lt.run(self._close(), 30.0)
+        try:
+            self._lt.run(self._close(), 30.0)
+        finally:
+            release_loop_thread(self._lt)
 
     def abort(self) -> None:
         """Drop the group at once (local; pending operations fail)."""
@@ -768,6 +782,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         self._closed = True
         self._lt.remove_closer(self._close)
         self._lt.call(self._world.abort)
+        release_loop_thread(self._lt)
 
 
 def create_process_group(store: Any, rank: int, size: int,
