@@ -127,9 +127,9 @@ void ucxcomm_cancel(uintptr_t worker, void *req)
 
 /* Endpoint failures UCX reported to us (ucxcomm_ep_catch_errors): a count, and the
  * last few endpoints (a ring), so that closing one knows UCX failed it. */
-#define UCXCOMM_FAILED_EPS 64
+#define FAILED_EPS_KEPT 64
 static unsigned long ucxcomm_ep_failures_seen;
-static uintptr_t ucxcomm_failed_eps[UCXCOMM_FAILED_EPS];
+static uintptr_t ucxcomm_failed_eps[FAILED_EPS_KEPT];
 
 static void ucxcomm_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
@@ -139,7 +139,7 @@ static void ucxcomm_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     /* Nothing else to do: UCX already failed the endpoint's requests with the error,
      * and the peer's death reaches the Python side through the bootstrap store too. */
     n = __atomic_fetch_add(&ucxcomm_ep_failures_seen, 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&ucxcomm_failed_eps[n % UCXCOMM_FAILED_EPS], (uintptr_t)ep,
+    __atomic_store_n(&ucxcomm_failed_eps[n % FAILED_EPS_KEPT], (uintptr_t)ep,
                      __ATOMIC_RELAXED);
 }
 
@@ -180,7 +180,7 @@ int ucxcomm_ep_failed(uintptr_t ep, int forget)
     if (ep == 0) { /* (a closed ucxx endpoint's handle; also what empty slots hold) */
         return 0;
     }
-    for (i = 0; i < UCXCOMM_FAILED_EPS; i++) {
+    for (i = 0; i < FAILED_EPS_KEPT; i++) {
         if (__atomic_load_n(&ucxcomm_failed_eps[i], __ATOMIC_RELAXED) == ep) {
             if (forget) { /* (the handle may be reused once the endpoint is closed) */
                 __atomic_store_n(&ucxcomm_failed_eps[i], 0, __ATOMIC_RELAXED);
