@@ -15,13 +15,14 @@ import asyncio
 import json
 import statistics
 import sys
-import time
 
 import numpy as np
 
 import ucxcomm
+from ucxcomm.bench.ranks_ucxcomm import timed_calls as bench_timed
+from ucxcomm.bench.spec import Plan
 
-SAMPLES = 3
+PLAN = Plan(quick=True)  # 3 timed samples after one warm-up, as `ucxcomm bench --quick`
 BW_MSGS = 4  # 1 MiB messages per bandwidth sample
 
 
@@ -34,15 +35,7 @@ async def main(label: str, reps: int) -> None:
         ack = np.zeros(1, np.uint8)
 
         async def timed(body, n: int) -> list[float]:
-            out = []
-            for rep in range(SAMPLES + 1):  # one warm-up pass
-                await comm.barrier()
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    await body()
-                if rep:
-                    out.append((time.perf_counter() - t0) / n)
-            return out
+            return await bench_timed(comm, PLAN, body, n)
 
         async def pingpong() -> None:
             if me == 0:
@@ -79,13 +72,7 @@ async def main(label: str, reps: int) -> None:
         for key, body in (("put_flush_8B_lat_us", put_flush), ("fetch_and_op_lat_us", fetch_add)):
             await comm.barrier()
             if me == 0:  # passive target: rank 1 waits in the barriers
-                out = []
-                for rep in range(SAMPLES + 1):
-                    t0 = time.perf_counter()
-                    for _ in range(reps):
-                        await body()
-                    if rep:
-                        out.append((time.perf_counter() - t0) / reps)
+                out = await bench_timed(comm, PLAN, body, reps, sync=False)
                 res[key] = statistics.median(out) * 1e6
             await comm.barrier()
         rma_lanes = win.transport_info()[other]

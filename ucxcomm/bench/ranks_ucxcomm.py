@@ -15,7 +15,7 @@ from .spec import SUITES, collective_call, counts, emit, job_options
 IMPL = "ucxcomm"
 
 
-async def _timed(comm, plan, body, n: int, *, sync: bool = True) -> list[float]:
+async def timed_calls(comm, plan, body, n: int, *, sync: bool = True) -> list[float]:
     """Seconds per call of ``n`` calls of ``body``, one warm-up pass then
     ``plan.samples`` passes (ranks meet in a barrier before each)."""
     out = []
@@ -73,11 +73,11 @@ async def p2p(comm, ops: list[str], size: int, plan) -> None:
 
     for op in ops:
         if op == "latency":
-            t = await _timed(comm, plan, pingpong, plan.iters(size))
+            t = await timed_calls(comm, plan, pingpong, plan.iters(size))
             samples = [s / 2 * 1e6 for s in t]
         else:
             body, scale = {"bw": (window, 1), "bw_w1": (window1, 1), "bibw": (bidir, 2)}[op]
-            t = await _timed(comm, plan, body, max(1, plan.iters(size) // w))
+            t = await timed_calls(comm, plan, body, max(1, plan.iters(size) // w))
             samples = [scale * size * w / s / 1e9 for s in t]
         if me == 0:
             emit(IMPL, op, size, 2, samples)
@@ -119,7 +119,7 @@ async def rma(comm, ops: list[str], size: int, plan) -> None:
         body, per = bodies[op]
         await comm.barrier()
         if origin:  # passive target: rank 1 only waits in the barrier
-            t = await _timed(comm, plan, body, max(1, plan.iters(size) // per), sync=False)
+            t = await timed_calls(comm, plan, body, max(1, plan.iters(size) // per), sync=False)
             if op.endswith("_bw"):
                 emit(IMPL, op, size, 2, [size * per / s / 1e9 for s in t])
             else:
@@ -140,7 +140,7 @@ async def collectives(comm, ops: list[str], size: int, plan, gpu: bool) -> None:
         ns, nr = counts(op, size, p)
         send, recv = xp.ones(ns, xp.float32), xp.zeros(nr, xp.float32)
         call = collective_call(comm, op, send, recv)
-        t = await _timed(comm, plan, call, plan.iters(size))
+        t = await timed_calls(comm, plan, call, plan.iters(size))
         slowest = [await comm.allreduce(s, ucxcomm.MAX) for s in t]
         if comm.rank == 0:
             emit(IMPL + ("-gpu" if gpu else ""), op, size, p, [s * 1e6 for s in slowest])
