@@ -26,9 +26,11 @@ int ucxcomm_tag_recv(uintptr_t worker, void *buf, size_t n, uint64_t tag, uint64
     int st;
     param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
     param.recv_info.tag_info = &info;
+    info.sender_tag = 0;
+    info.length = 0;
     st = ucxcomm_status_ptr(ucp_tag_recv_nbx((ucp_worker_h)worker, buf, n, tag, mask,
                                              &param), req);
-    if (st == UCS_OK) {
+    if (st == UCS_OK || st == UCS_ERR_MESSAGE_TRUNCATED) {
         *sender_tag = info.sender_tag;
         *length = info.length;
     }

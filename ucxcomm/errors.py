@@ -43,7 +43,10 @@ class CommTimeoutError(UcxCommError, TimeoutError):
 class TruncationError(UcxCommError):
     """The incoming message was larger than the receive buffer.
 
-    The message has been consumed; the buffer holds its first ``len(buffer)`` bytes.
+    The message has been consumed. The buffer holds its first ``len(buffer)`` bytes,
+    except after an ``Irecv``/``Sendrecv`` posted before the message arrived: UCX
+    matched it on arrival and the buffer is left unwritten (MPI leaves the buffer
+    undefined on overflow).
 
     Attributes
     ----------

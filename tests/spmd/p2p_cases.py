@@ -206,6 +206,57 @@ async def truncation(comm):
 
 
 @case
+async def posted_receives(comm):
+    """Irecv posted before its message arrives goes to UCX's own matching (issue 10): an
+    overflow raises TruncationError with the message's size and leaves the buffer
+    unwritten; matching order holds against receives still waiting in ucxcomm's queue
+    (an object receive posted first gets the first message, whichever kind comes
+    after it) and against later ones."""
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    for n in (100, 100000):  # eager, rendezvous
+        small = np.zeros(10, np.int32)
+        r1 = comm.Irecv(small, left, 5)
+        nxt = np.zeros(1, np.int32)
+        r2 = comm.Irecv(nxt, left, 5)
+        await comm.barrier()  # both posted before anything is sent
+        s1 = comm.Isend(np.arange(n, dtype=np.int32), right, 5)
+        s2 = comm.Isend(np.array([42], np.int32), right, 5)
+        try:
+            await r1
+        except ucxcomm.TruncationError as exc:
+            assert (exc.nbytes, exc.capacity) == (n * 4, 40), (exc.nbytes, exc.capacity)
+            assert (exc.status.source, exc.status.tag) == (left, 5), exc.status
+        else:
+            raise AssertionError("no TruncationError")
+        assert not small.any(), small  # consumed, not written
+        assert (await r2).nbytes == 4 and nxt[0] == 42
+        await ucxcomm.Request.waitall([s1, s2])
+    # An object receive (ucxcomm's matched-probe queue) posted before a buffer receive
+    # of the same criteria takes the first message.
+    obj_req = comm.irecv(left, 11)
+    buf = np.zeros(3, np.int64)
+    buf_req = comm.Irecv(buf, left, 11)
+    any_req = comm.Irecv(np.zeros(3, np.int64), ANY_SOURCE, 12)
+    await comm.barrier()
+    await comm.send(("first", comm.rank), right, 11)
+    await comm.Send(np.full(3, 7, np.int64), right, 11)
+    await comm.Send(np.full(3, 8, np.int64), right, 12)
+    assert await obj_req == ("first", left)
+    assert (await buf_req).source == left and (buf == 7).all(), buf
+    assert (await any_req).tag == 12
+    # The other way round: a buffer receive posted to UCX first, an object receive after.
+    buf[:] = 0
+    buf_req = comm.Irecv(buf, left, 13)
+    obj_req = comm.irecv(left, 13)
+    await comm.barrier()
+    await comm.Send(np.full(3, 9, np.int64), right, 13)
+    await comm.send("second", right, 13)
+    assert (await buf_req).nbytes == 24 and (buf == 9).all(), buf
+    assert await obj_req == "second"
+    await comm.barrier()
+
+
+@case
 async def cancellation(comm):
     """Cancelling a pending receive withdraws it: its buffer is never written and the
     message goes to the next receive."""

@@ -231,7 +231,7 @@ class Comm:
                 await with_timeout(self._transport.complete(fut), timeout, "Send")
 
     def _post_recv(self, buf: Any, source: Any, tag: Any, kind: int = KIND_P2P,
-                   spin: bool = False, finish: Any = None) -> Any:
+                   spin: bool = False, finish: Any = None, post: bool = False) -> Any:
         target = self._transport.recv_ptr(buf)  # validates the buffer first
         if (self._group.closed or type(source) is not int or type(tag) is not int
                 or not -1 <= source < self.size or not -1 <= tag <= TAG_UB):
@@ -239,7 +239,7 @@ class Comm:
         elif self._world.closed:
             raise ClosedError(f"{self!r} is closed")
         return self._transport.recv_into(target, *self._match(kind, source, tag), finish,
-                                         spin)
+                                         spin, post)
 
     def _recv_status(self, result: RecvResult) -> Status:
         stag, nbytes, cap = result
@@ -278,9 +278,13 @@ class Comm:
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving into ``buf``; awaiting the request gives a :class:`Status`.
 
-        ``req.cancel()`` withdraws it if no message matched yet.
+        ``req.cancel()`` withdraws it if no message matched yet. A receive that has to
+        wait for its message is handed to UCX's own matching (the data then lands in
+        ``buf`` directly); a message that outgrows ``buf`` then raises
+        :class:`~ucxcomm.TruncationError` with ``buf`` left unwritten (a ``Recv``, or a
+        message that was already there, leaves its prefix).
         """
-        res = self._post_recv(buf, source, tag, KIND_P2P, False, self._recv_status)
+        res = self._post_recv(buf, source, tag, KIND_P2P, False, self._recv_status, True)
         transport = self._transport
         if type(res) is tuple:
             try:
@@ -418,7 +422,8 @@ class Comm:
         rtarget = self._transport.recv_ptr(recvbuf)
         source, recvtag = self._check_recv(source, recvtag)
         sfut = self._post_send(sendbuf, dest, sendtag)
-        rres = self._transport.recv_into(rtarget, *self._match(KIND_P2P, source, recvtag))
+        rres = self._transport.recv_into(rtarget, *self._match(KIND_P2P, source, recvtag),
+                                         None, False, True)
         self._transport.wake()
 
         async def both() -> Status:

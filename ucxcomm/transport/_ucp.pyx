@@ -289,6 +289,7 @@ cdef class Op:
     cdef bint peek             # probe that only watches (does not consume)
     cdef bint device
     cdef bint has_ptr          # receives into a given buffer
+    cdef bint posted           # a receive posted to UCX (matched by UCX, not probed)
     cdef bint done
     cdef object keep           # keeps memory alive while UCX may touch it
     cdef object buffer         # the allocated buffer (alloc)
@@ -332,6 +333,7 @@ cdef class TagEngine:
     cdef object _status_error  # _ucx.status_error
     cdef object _monotonic
     cdef int _canceled         # UCS_ERR_CANCELED
+    cdef int _truncated        # UCS_ERR_MESSAGE_TRUNCATED
 
     def _engine_setup(self, uintptr_t worker_handle, loop, ready, double spin_s, bint cuda,
                       status_error):
@@ -345,7 +347,9 @@ cdef class TagEngine:
         self._spin_s = spin_s
         self._cuda = cuda
         self._status_error = status_error
-        self._canceled = constants()["UCS_ERR_CANCELED"]
+        consts = constants()
+        self._canceled = consts["UCS_ERR_CANCELED"]
+        self._truncated = consts["UCS_ERR_MESSAGE_TRUNCATED"]
         import time
         self._monotonic = time.monotonic
 
@@ -509,14 +513,17 @@ cdef class TagEngine:
         return op.future
 
     def recv_into(self, tuple t, uint64_t tag, uint64_t mask, object peers,
-                  object finish=None, bint spin=False):
+                  object finish=None, bint spin=False, bint post=False):
         """Matched-probe receive of the first message matching ``(tag, mask)`` into
         target ``t`` (from :meth:`recv_ptr`).
 
         Returns ``(sender_tag, nbytes, capacity)`` when the message was already there
         (or arrived while ``spin`` waited in place) and is fully received, else a future
         resolving to the same (mapped by ``finish`` if given). ``nbytes > capacity``: the
-        message was consumed and the buffer holds its first ``capacity`` bytes.
+        message was consumed and the buffer holds its first ``capacity`` bytes, except
+        with ``post``: a receive that must wait and that no earlier receive overlaps is
+        posted to UCX (matched on arrival, straight into the buffer), and a message that
+        outgrows it is consumed without writing the buffer.
         """
         self._check(None)
         cdef Op op = Op.__new__(Op)
@@ -529,6 +536,7 @@ cdef class TagEngine:
         op.keep = t[2]
         op.device = t[3]
         op.has_ptr = True
+        op.posted = post  # (a request: set again when it is posted to UCX)
         return self._post_match(op, spin)
 
     def recv_alloc(self, uint64_t tag, uint64_t mask, object peers, bint spin=False):
@@ -543,7 +551,13 @@ cdef class TagEngine:
         return self._post_match(op, spin)
 
     cdef object _post_match(self, Op op, bint spin):
-        if not self._probes and (self._try_match(op) or (spin and self._spin_match(op))):
+        # Only receives that could match the same message must keep their order; with no
+        # earlier one pending, probe now (a message already here keeps the truncation
+        # prefix), else post it to UCX (which then matches it on arrival, straight into
+        # the buffer: no copy out of the unexpected queue, no probing per poll).
+        cdef bint free = not self._probes or not self._overlaps(op.tag, op.mask)
+        if free and (self._try_match(op)
+                     or (spin and not self._probes and self._spin_match(op))):
             if op.req == NULL:  # completed on the spot
                 if op.future is not None:  # completed with an error
                     return op.future
@@ -551,9 +565,50 @@ cdef class TagEngine:
             op.future = self._create_future()
             self._reqs.append(op)
             return op.future
+        if free and op.posted:
+            return self._post_to_ucx(op)
+        op.posted = False
         op.future = self._create_future()
         self._probes.append(op)
         return op.future
+
+    cdef bint _overlaps(self, uint64_t tag, uint64_t mask) except -1:
+        """Whether a pending matched-probe receive could match a message that
+        ``(tag, mask)`` matches (it must then go first)."""
+        cdef Op p
+        for p in self._probes:
+            if ((p.tag ^ tag) & p.mask & mask) == 0:
+                return True
+        return False
+
+    cdef object _post_to_ucx(self, Op op):
+        """Post ``op``'s receive to UCX (no earlier receive overlaps it)."""
+        cdef void *req = NULL
+        cdef uint64_t stag = 0
+        cdef size_t length = 0
+        cdef int st = ucxcomm_tag_recv(self._wh, <void *>op.ptr, op.cap, op.tag, op.mask,
+                                       &req, &stag, &length)
+        op.is_recv = True
+        op.posted = True
+        if st == UCXCOMM_INPROGRESS:
+            op.req = req
+            op.future = self._create_future()
+            self._reqs.append(op)
+            return op.future
+        self._finish_posted(op, st, stag, length)
+        if op.future is not None:  # completed with an error
+            return op.future
+        return self._result(op)
+
+    cdef void _finish_posted(self, Op op, int st, uint64_t stag, size_t length) except *:
+        # A posted receive's outcome: UCX reports an overflow as an error (the message
+        # is consumed, the buffer not written); ucxcomm reports it as a result whose
+        # length exceeds the capacity (TruncationError, like a matched probe's).
+        if st >= 0 or st == self._truncated:
+            op.sender_tag = stag
+            op.length = length if st >= 0 or length > op.cap else op.cap + 1
+            st = 0
+        self._complete(op, st)
 
     cdef bint _spin_match(self, Op op) except -1:
         """Wait for ``op``'s message right here while the event loop has nothing else
@@ -688,7 +743,19 @@ cdef class TagEngine:
                 if not fut.done():
                     fut.cancel()
                 return True
+        cdef int st
+        cdef uint64_t stag = 0
+        cdef size_t length = 0
         for op in self._reqs:
+            if op.future is fut and op.posted and op.req != NULL:
+                # UCP withdraws an unmatched posted receive at once; a matched one
+                # (data still moving) finishes normally.
+                ucxcomm_cancel(self._wh, op.req)
+                st = ucxcomm_test(op.req, 1, &stag, &length)
+                if st == UCXCOMM_INPROGRESS:
+                    return False
+                self._finish_posted(op, st, stag, length)
+                return st == self._canceled
             if (op.future is fut and op.is_recv and not op.has_ptr and not op.alloc
                     and op.req != NULL):
                 # A posted receive: UCP removes it if unmatched (it then completes with
@@ -751,7 +818,10 @@ cdef class TagEngine:
                 continue
             st = ucxcomm_test(op.req, op.is_recv, &stag, &length)
             if st != UCXCOMM_INPROGRESS:
-                self._complete(op, st)
+                if op.posted:
+                    self._finish_posted(op, st, stag, length)
+                else:
+                    self._complete(op, st)
                 finished += 1
             elif self._dead and (err := self._dead_error(op.peers)) is not None:
                 self._abandon(op, err)

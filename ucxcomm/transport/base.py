@@ -192,12 +192,14 @@ class Transport(ABC):
     @abstractmethod
     def recv_into(self, target: Target, tag: int, mask: int, peers: Peers,
                   finish: Callable[[RecvResult], Any] | None = None,
-                  spin: bool = False) -> RecvResult | asyncio.Future:
+                  spin: bool = False, post: bool = False) -> RecvResult | asyncio.Future:
         """Receive the first message matching ``(tag, mask)`` into ``target``, in
         matching order; ``(sender_tag, nbytes, capacity)`` when done at once, else a
-        future. ``nbytes > capacity``: consumed, the buffer holds its prefix.
+        future. ``nbytes > capacity``: consumed, the buffer holds its prefix (with
+        ``post``, only if the message was already there).
         ``finish`` maps a *future's* result; ``spin`` waits here first while the event
-        loop is idle."""
+        loop is idle; ``post`` lets a receive that must wait go to UCX's own matching
+        (faster, see Worker.recv_into)."""
 
     @abstractmethod
     def recv_alloc(self, tag: int, mask: int, peers: Peers,

@@ -340,13 +340,19 @@ class Worker(Transport):
 
     def recv_into(self, target: Target, tag: int, mask: int, peers: Peers,
                   finish: Callable[[Any], Any] | None = None,
-                  spin: bool = False) -> RecvResult | asyncio.Future:
+                  spin: bool = False, post: bool = False) -> RecvResult | asyncio.Future:
         """Matched-probe receive of the first message matching (tag, mask) into
         ``target``: ``(sender_tag, nbytes, capacity)`` when it was there (or arrived
         while ``spin`` waited in place), else a future resolving to the same (mapped by
-        ``finish``). ``nbytes > capacity``: consumed, the buffer holds its prefix."""
+        ``finish``). ``nbytes > capacity``: consumed, the buffer holds its prefix.
+
+        ``post``: a receive that must wait, with no earlier pending receive that could
+        match the same message, is posted to UCX instead (UCX matches it on arrival and
+        moves the data straight into ``target``: one copy less for eager messages, no
+        probe per poll). A message that outgrows it is then consumed without writing
+        the buffer (``nbytes > capacity`` all the same)."""
         return self._eng.recv_into(  # type: ignore[no-any-return]
-            target, tag, mask, peers, finish, spin)
+            target, tag, mask, peers, finish, spin, post)
 
     def recv_alloc(self, tag: int, mask: int, peers: Peers,
                    spin: bool = False) -> RecvResult | asyncio.Future:
