@@ -24,10 +24,29 @@ from .group import Group, check_int, check_timeout, with_timeout
 from .ops import SUM, Op
 from .pool import FramePool
 from .request import Request, Status
-from .tags import ANY_SOURCE, ANY_TAG, KIND_P2P, TAG_UB, split_tag
+from .tags import _SRC_MASK, _SRC_SHIFT, _TAG_MASK, ANY_SOURCE, ANY_TAG, KIND_P2P, TAG_UB, split_tag
 
 if TYPE_CHECKING:  # annotations only: importing ucxcomm must not load the transport
     from ..transport.base import Link, RecvResult, Transport
+
+
+def recv_status(result: RecvResult) -> Status:
+    """The :class:`Status` of a finished buffer receive ``(sender_tag, nbytes,
+    capacity)``; raises :class:`TruncationError` when the message outgrew the buffer.
+    (A function, not a method: the engine calls it per completion.)"""
+    stag, nbytes, cap = result
+    source, tag = split_tag(stag)
+    status = Status(source, tag, nbytes)
+    if nbytes > cap:
+        raise TruncationError(
+            f"message of {nbytes} bytes from rank {status.source} (tag {status.tag}) "
+            f"truncated to the {cap}-byte receive buffer",
+            nbytes=nbytes, capacity=cap, status=status)
+    return status
+
+
+#: The request of every send that completed when it was posted (immutable: shared).
+_SENT = Request.completed()
 
 __all__ = ["Comm", "World"]
 
@@ -159,6 +178,9 @@ class Comm:
         self._eps = g.eps  # connected endpoints (None: connect with _ep)
         self._ep = g.endpoint
         self._match = g.match
+        self._match_cache = g._match_cache
+        # Buffer receives' Status built by the compiled engine (recv_status otherwise).
+        g.transport.fast_status(recv_status, Status, _SRC_MASK, _SRC_SHIFT, _TAG_MASK)
         self._p2p_base = g.p2p_base
         self._frame_seq = g.frame_seq
         self._check_open = g.check_open
@@ -202,9 +224,19 @@ class Comm:
             Bad buffer, rank or tag (before anything is sent).
         ClosedError, PeerFailure
         """
-        fut = self._post_send(buf, dest, tag)
+        # (_post_send inlined: this runs per message)
+        if self._group.closed or self._world.closed:
+            raise ClosedError(f"{self!r} is closed")
+        if type(dest) is not int or not 0 <= dest < self.size:
+            dest = self._check_peer(dest, "dest")
+        if type(tag) is not int or not 0 <= tag <= TAG_UB:
+            tag = self._check_tag(tag)
+        ep = self._eps[dest]
+        if ep is None:
+            ep = self._ep(dest)
+        fut = ep.isend(buf, self._p2p_base | tag)
         if fut is None:
-            return Request.completed()
+            return _SENT
         self._transport.wake()
         return Request(fut, self._transport)
 
@@ -241,16 +273,7 @@ class Comm:
         return self._transport.recv_into(target, *self._match(kind, source, tag), finish,
                                          spin, post)
 
-    def _recv_status(self, result: RecvResult) -> Status:
-        stag, nbytes, cap = result
-        source, tag = split_tag(stag)
-        status = Status(source, tag, nbytes)
-        if nbytes > cap:
-            raise TruncationError(
-                f"message of {nbytes} bytes from rank {status.source} (tag {status.tag}) "
-                f"truncated to the {cap}-byte receive buffer",
-                nbytes=nbytes, capacity=cap, status=status)
-        return status
+    _recv_status = staticmethod(recv_status)
 
     async def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
                    timeout: float | None = None) -> Status:
@@ -284,11 +307,18 @@ class Comm:
         :class:`~ucxcomm.TruncationError` with ``buf`` left unwritten (a ``Recv``, or a
         message that was already there, leaves its prefix).
         """
-        res = self._post_recv(buf, source, tag, KIND_P2P, False, self._recv_status, True)
         transport = self._transport
+        got = None
+        if type(source) is int and type(tag) is int:  # (1.0 or True must not hit)
+            got = self._match_cache.get((KIND_P2P, source, tag))
+        if got is None or self._group.closed or self._world.closed:
+            res = self._post_recv(buf, source, tag, KIND_P2P, False, recv_status, True)
+        else:  # checked when it was cached
+            res = transport.recv_into(transport.recv_ptr(buf), got[0], got[1], got[2],
+                                      recv_status, False, True)
         if type(res) is tuple:
             try:
-                return Request.completed(self._recv_status(res))
+                return Request.completed(recv_status(res))
             except TruncationError as exc:
                 return Request.failed(exc)
         transport.wake()

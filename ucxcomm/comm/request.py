@@ -79,9 +79,10 @@ class Request:
         return cls(fut)
 
     def _future(self) -> asyncio.Future:
-        if self._fut is None:
-            self._fut = asyncio.get_running_loop().create_future()
-            self._fut.set_result(self._result)
+        if self._fut is None:  # (not kept: a completed request may be shared)
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(self._result)
+            return fut
         return self._fut
 
     def __await__(self) -> Generator[Any, None, Any]:
@@ -162,6 +163,19 @@ class Request:
         results: list[Any] = []
         error: BaseException | None = None
         for i, r in enumerate(reqs):
+            if type(r) is Request:  # finished ones without an await (per message)
+                fut = r._fut
+                if fut is None:
+                    results.append(r._result)
+                    continue
+                if fut.done() and not fut.cancelled():
+                    exc = fut.exception()
+                    if exc is None:
+                        results.append(fut.result())
+                    else:
+                        error = error or exc
+                        results.append(exc)
+                    continue
             try:
                 results.append(await r)
             except asyncio.CancelledError:

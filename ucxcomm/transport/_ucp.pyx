@@ -310,6 +310,34 @@ cdef class Op:
             self.settled.set_result(None)
 
 
+# A finish function whose result is computed here when the message fitted (see
+# fast_status): the comm layer's Status per buffer receive, without its Python frames.
+cdef object _status_fn = None
+cdef object _status_cls = None
+cdef uint64_t _status_src_mask = 0
+cdef uint64_t _status_tag_mask = 0
+cdef int _status_src_shift = 0
+
+
+def fast_status(fn, cls, uint64_t src_mask, int src_shift, uint64_t tag_mask):
+    """Declare that ``fn((sender_tag, nbytes, capacity))``, for a message that fitted
+    (``nbytes <= capacity``), returns ``cls`` with attributes ``source`` (the tag's
+    bits under ``src_mask``, shifted right by ``src_shift``), ``tag`` (under
+    ``tag_mask``) and ``nbytes``: the engine then builds it itself (``fn`` still handles
+    overflows)."""
+    global _status_fn, _status_cls, _status_src_mask, _status_src_shift, _status_tag_mask
+    _status_fn, _status_cls = fn, cls
+    _status_src_mask, _status_src_shift, _status_tag_mask = src_mask, src_shift, tag_mask
+
+
+cdef object _make_status(uint64_t stag, size_t nbytes):
+    s = _status_cls.__new__(_status_cls)
+    s.source = <long long>((stag & _status_src_mask) >> _status_src_shift)
+    s.tag = <long long>(stag & _status_tag_mask)
+    s.nbytes = nbytes
+    return s
+
+
 cdef class TagEngine:
     """The pending tag operations of one UCX worker (see the module docstring).
 
@@ -342,7 +370,14 @@ cdef class TagEngine:
         self._probes = []
         self._graveyard = []
         self._dead = {}
-        self._create_future = loop.create_future
+        import asyncio
+        if type(loop).create_future is asyncio.BaseEventLoop.create_future:
+            # The same future, without the Python frame of BaseEventLoop.create_future
+            # (one per operation).
+            import functools
+            self._create_future = functools.partial(asyncio.Future, loop=loop)
+        else:  # a loop with its own futures (uvloop...)
+            self._create_future = loop.create_future
         self._ready = ready
         self._spin_s = spin_s
         self._cuda = cuda
@@ -704,6 +739,10 @@ cdef class TagEngine:
         elif status < 0:
             fut.set_exception(self._error(status, op.peers, "operation"))
         elif op.alloc or op.has_ptr:
+            if (op.finish is not None and op.finish is _status_fn and not op.alloc
+                    and op.length <= op.cap):
+                fut.set_result(_make_status(op.sender_tag, op.length))
+                return
             result = self._result(op)
             if op.finish is not None:
                 try:

@@ -225,6 +225,13 @@ class Transport(ABC):
     async def complete(self, fut: asyncio.Future) -> Any:
         """Await ``fut``, progressing UCX meanwhile (the fast way to wait)."""
 
+    def fast_status(self, fn: Callable[[Any], Any], cls: type, src_mask: int,
+                    src_shift: int, tag_mask: int) -> None:
+        """Optional: compute ``finish=fn`` results natively (``cls`` with ``source``,
+        ``tag``, ``nbytes`` split out of the sender's tag) when the message fitted.
+        The default does nothing (``fn`` is then always called)."""
+        return None
+
     @abstractmethod
     def wake(self) -> None:
         """Call after posting operations that are not awaited via :meth:`complete`."""

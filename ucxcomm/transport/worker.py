@@ -415,6 +415,14 @@ class Worker(Transport):
     def is_dead(self, peer: Any) -> bool:
         return peer in self._eng._dead
 
+    def fast_status(self, fn: Callable[[Any], Any], cls: type, src_mask: int,
+                    src_shift: int, tag_mask: int) -> None:
+        """Let the compiled engine compute ``fn``'s result itself (``cls`` with
+        ``source``, ``tag`` and ``nbytes`` from the sender's tag) for receives whose
+        message fitted and whose ``finish`` is ``fn`` (process-wide; see
+        ``_ucp.fast_status``)."""
+        _ucx.ucp.fast_status(fn, cls, src_mask, src_shift, tag_mask)
+
     # ------------------------------------------------------------- progress
     def wake(self) -> None:
         """Make sure the progress task runs: call after posting operations that will
