@@ -224,17 +224,7 @@ class Comm:
             Bad buffer, rank or tag (before anything is sent).
         ClosedError, PeerFailure
         """
-        # (_post_send inlined: this runs per message)
-        if self._group.closed or self._world.closed:
-            raise ClosedError(f"{self!r} is closed")
-        if type(dest) is not int or not 0 <= dest < self.size:
-            dest = self._check_peer(dest, "dest")
-        if type(tag) is not int or not 0 <= tag <= TAG_UB:
-            tag = self._check_tag(tag)
-        ep = self._eps[dest]
-        if ep is None:
-            ep = self._ep(dest)
-        fut = ep.isend(buf, self._p2p_base | tag)
+        fut = self._post_send(buf, dest, tag)
         if fut is None:
             return _SENT
         self._transport.wake()
