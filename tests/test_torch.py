@@ -111,6 +111,15 @@ def test_ops_with_torchrun_variables():
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
+def test_ops_on_the_callers_thread(nranks):
+    """Ops run on the calling thread while the ucxcomm loop is idle: most small
+    all_reduces end within the call; a late peer, ops queued behind one in flight, a
+    large send to a rank whose loop sleeps, and two threads driving two groups at once
+    all give the right results."""
+    _under_launcher("inline", nranks)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
 def test_ddp_matches_gloo(nranks):
     """DDP for 30 steps: parameters identical to gloo's run at 2 ranks (a two-term sum
     is the same in any order), allclose at 3."""

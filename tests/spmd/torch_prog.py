@@ -421,8 +421,83 @@ def scenario_cuda(gloo):
     assert all(torch.isfinite(p).all() for p in train_dev)
 
 
-SCENARIOS = {"ops": scenario_ops, "ddp": scenario_ddp, "subgroup": scenario_subgroup,
-             "kill": scenario_kill, "timeout": scenario_timeout, "cuda": scenario_cuda}
+def scenario_inline(gloo):
+    """The caller's-thread path (ops run on the calling thread while the ucxcomm loop
+    is idle; what has to wait continues on the loop): late peers, ops queued behind
+    one in flight, two threads on two groups at once, and Works settled at the call."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    # Peers in step: most small all_reduces end within the call (settled Works).
+    settled = 0
+    for i in range(200):
+        t = torch.full((2,), float(rank + i))
+        w = dist.all_reduce(t, async_op=True)
+        settled += w.is_completed()
+        fut = w.get_future()
+        w.wait()
+        assert fut.done() and torch.equal(fut.value()[0], t), (fut, t)
+        assert torch.equal(t, torch.full((2,), float(sum(range(size)) + size * i))), t
+    assert settled > 0, "no all_reduce ended within the call"
+    # A late rank (longer than any spin): the others' calls go on on the loop.
+    for late in range(size):
+        if rank == late:
+            time.sleep(0.3)
+        t = torch.full((5,), float(rank))
+        dist.all_reduce(t)
+        assert torch.equal(t, torch.full((5,), float(sum(range(size))))), t
+    # Ops issued while a large one is in flight queue behind it, in order.
+    big = torch.full((1 << 20,), float(rank))
+    small = torch.full((3,), float(rank))
+    root = size - 1
+    b = torch.full((4,), float(rank))
+    works = [dist.all_reduce(big, async_op=True), dist.all_reduce(small, async_op=True),
+             dist.broadcast(b, src=root, async_op=True)]
+    for w in works:
+        w.wait()
+    total = float(sum(range(size)))
+    assert torch.equal(big, torch.full((1 << 20,), total)), big[:4]
+    assert torch.equal(small, torch.full((3,), total)), small
+    assert torch.equal(b, torch.full((4,), float(root))), b
+    # A rendezvous-size message sent while the receiver is busy elsewhere (its loop
+    # asleep, not watching the transport): it arrives once the receive is posted.
+    if size >= 2 and rank in (0, 1):
+        if rank == 1:
+            dist.send(torch.arange(1 << 20, dtype=torch.float32), 0)
+        else:
+            time.sleep(0.3)
+            got = torch.empty(1 << 20)
+            dist.recv(got, 1)
+            assert torch.equal(got, torch.arange(1 << 20, dtype=torch.float32)), got[:4]
+    # Two threads, each driving its own group: one owns the loop at a time; each
+    # group's order is its thread's.
+    other = dist.new_group(backend="ucxcomm")
+    errors = []
+
+    def run(group, salt):
+        try:
+            for i in range(100):
+                t = torch.full((3,), float(rank * salt + i))
+                dist.all_reduce(t, group=group)
+                want = float(salt * sum(range(size)) + size * i)
+                assert torch.equal(t, torch.full((3,), want)), (salt, i, t)
+        except BaseException as exc:  # (reported by the main thread)
+            errors.append(exc)
+
+    import threading
+
+    threads = [threading.Thread(target=run, args=(None, 1)),
+               threading.Thread(target=run, args=(other, 7))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not any(th.is_alive() for th in threads), "a thread hung"
+    assert not errors, errors
+    dist.destroy_process_group(other)
+
+
+SCENARIOS = {"ops": scenario_ops, "inline": scenario_inline, "ddp": scenario_ddp,
+             "subgroup": scenario_subgroup, "kill": scenario_kill, "timeout": scenario_timeout,
+             "cuda": scenario_cuda}
 
 
 def main() -> None:

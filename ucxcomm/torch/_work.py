@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import selectors
 import threading
+from collections import deque
 from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any
@@ -58,14 +60,55 @@ class LoopThread:
     NAME = "ucxcomm-torch"
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        # Held by the loop thread except while it sleeps in select(): whoever holds it
+        # may run ucxcomm code on the loop's objects (see enter()).
+        self._owner = threading.Lock()
+        self.loop = asyncio.SelectorEventLoop(_OwnedSelector(self._owner))
         self._thread = threading.Thread(target=self._main, name=self.NAME, daemon=True)
         self._closers: list[Callable[[], Coroutine[Any, Any, None]]] = []
+        self._saved: list[Any] = []
+        # The loop's private queues (asyncio's BaseEventLoop), read by enter()/leave() to
+        # tell whether the loop is idle: without them, no call runs on its caller's thread.
+        ready, sched = getattr(self.loop, "_ready", None), getattr(self.loop, "_scheduled", None)
+        self.ready: deque[Any] = ready if isinstance(ready, deque) else deque([None])
+        self._scheduled: list[Any] = sched if isinstance(sched, list) else []
+        self._direct = isinstance(ready, deque) and isinstance(sched, list)
         self._thread.start()
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        self._owner.acquire()
+        try:
+            self.loop.run_forever()
+        finally:
+            self._owner.release()
+
+    def enter(self) -> bool:
+        """Take the loop over from the calling thread, if it is idle: True when this
+        thread now owns it (the loop thread sleeps in select(), or waits to come back
+        from it, until :meth:`leave`) and may run ucxcomm code as if on the loop.
+        False (nothing taken) when the loop thread is busy or has callbacks due."""
+        if not self._direct or not self._owner.acquire(blocking=False):
+            return False
+        loop = self.loop
+        if self.ready or loop.get_debug() or not self._thread.is_alive():
+            self._owner.release()  # (debug mode checks that callbacks come from its thread)
+            return False
+        sched = self._scheduled
+        self._saved = [asyncio._get_running_loop(), sched[0]._when if sched else None]
+        asyncio._set_running_loop(loop)
+        return True
+
+    def leave(self) -> None:
+        """Give the loop back after :meth:`enter` (waking the loop thread when what ran
+        here left it callbacks or an earlier timer)."""
+        prev, first = self._saved
+        asyncio._set_running_loop(prev)
+        sched = self._scheduled
+        wake = bool(self.ready) or (bool(sched) and (first is None or sched[0]._when < first))
+        self._owner.release()
+        if wake:
+            self.loop.call_soon_threadsafe(_noop)
 
     def on_thread(self) -> bool:
         return threading.current_thread() is self._thread
@@ -124,6 +167,7 @@ class LoopThread:
             self._thread.join(timeout=5.0)
         if self._thread.is_alive() or self.loop.is_closed():
             return  # (stuck in a callback: leave it to the interpreter's exit)
+        self._owner.acquire()  # (this thread runs the loop from here on)
         # What was cancelled or still winding down (a failed join's clean-up) finishes
         # here, on this thread, before the loop closes (as asyncio.run does).
         loop = self.loop
@@ -138,6 +182,25 @@ class LoopThread:
             pass
         finally:
             loop.close()
+
+
+def _noop() -> None:
+    pass
+
+
+class _OwnedSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """The loop's selector: gives up the owner lock while it sleeps."""
+
+    def __init__(self, owner: threading.Lock) -> None:
+        super().__init__()
+        self._owner = owner
+
+    def select(self, timeout: float | None = None) -> Any:
+        self._owner.release()
+        try:
+            return super().select(timeout)
+        finally:
+            self._owner.acquire()
 
 
 _loop_thread: LoopThread | None = None
@@ -179,6 +242,9 @@ def _shutdown_at_exit() -> None:
         lt.shutdown()
 
 
+_SETTLED_LOCK = threading.Lock()  # (get_future() of the Works that were settled at once)
+
+
 class Work(dist.Work):
     """One operation of a ucxcomm process group, running on the loop thread.
 
@@ -195,7 +261,7 @@ class Work(dist.Work):
         self._outputs = outputs
         self._deadline = deadline  # seconds: the outermost bound of a plain wait()
         # Held until the operation ends (a bare lock: cheaper than an Event per call).
-        self._gate = threading.Lock()
+        self._gate: threading.Lock | None = threading.Lock()
         self._gate.acquire()
         self._done = False
         self._lock = threading.Lock()
@@ -204,6 +270,21 @@ class Work(dist.Work):
         self._future: torch.futures.Future | None = None
         self.keep: Any = None  # what must stay alive until the operation ends
         self.after: Callable[[], None] | None = None  # runs on success, before completion
+
+    @classmethod
+    def settled(cls, what: str, outputs: list[torch.Tensor],
+                exc: BaseException | None = None, source: int = -1) -> Work:
+        """A Work for an operation that already ended (run on the caller's thread);
+        ``exc`` is what made it fail."""
+        self = cls.__new__(cls)
+        dist.Work.__init__(self)
+        self.what, self._outputs, self._deadline = what, outputs, 0.0
+        self._gate, self._lock = None, _SETTLED_LOCK
+        self._exc = translate(exc, what) if exc is not None else None
+        self._source, self._future = source, None
+        self.keep = self.after = None
+        self._done = True
+        return self
 
     # ------------------------------------------------- completion (loop thread)
     def finish(self, exc: BaseException | None = None, source: int = -1) -> None:
@@ -222,9 +303,9 @@ class Work(dist.Work):
             self.keep = self.after = None
             self._done = True
             fut = self._future
-        self._gate.release()
-        if fut is not None:
+        if fut is not None:  # (before the gate: wait() returns with the future done)
             self._settle(fut)
+        self._gate.release()  # type: ignore[union-attr]  # (None only when settled)
 
     def _settle(self, fut: torch.futures.Future) -> None:
         if self._exc is not None:
@@ -243,18 +324,20 @@ class Work(dist.Work):
         return self._exc
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
-            limit = timeout.total_seconds()
-        else:
-            limit = self._deadline
         if not self._done:
+            if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
+                limit = timeout.total_seconds()
+            else:
+                limit = self._deadline
             if threading.current_thread().name == LoopThread.NAME:
                 raise RuntimeError(f"ucxcomm {self.what}: Work.wait() on the ucxcomm thread "
                                    "(from a future's callback?) would wait forever; chain "
                                    "with Future.then() instead")
-            if not self._gate.acquire(timeout=limit):
+            gate = self._gate
+            assert gate is not None
+            if not gate.acquire(timeout=limit):
                 raise WorkTimeoutError(f"ucxcomm {self.what}: not complete after {limit:g} s")
-            self._gate.release()  # (for any other waiter)
+            gate.release()  # (for any other waiter)
         if self._exc is not None:
             raise self._exc
         return True

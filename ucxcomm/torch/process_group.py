@@ -54,6 +54,10 @@ _INTEGRAL = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torc
 _REDUCIBLE = (*_INTEGRAL, torch.float16, torch.float32, torch.float64, torch.complex64,
               torch.complex128)
 _GRACE_S = 30.0  # a plain Work.wait() waits the operation's timeout plus this
+#: Largest operation (bytes of its tensors) that runs on the caller's thread when the
+#: loop is idle (ProcessGroupUCXComm._inline); larger ones always go to the loop thread,
+#: where they overlap the caller's computation (DDP's buckets: the backward pass).
+INLINE_MAX = 64 << 10
 
 
 def _seconds(timeout: Any) -> float | None:
@@ -118,6 +122,9 @@ def _op(reduce_op: Any, dtype: torch.dtype, what: str) -> tuple[Op, bool]:
         ``dtype`` (bitwise on floats, MIN/MAX on complex, AVG on integers).
     """
     kind = getattr(reduce_op, "op", reduce_op)
+    hit = _op_cache.get((kind, dtype))
+    if hit is not None:
+        return hit
     op = _OPS.get(kind)
     if op is None:
         raise ValueError(f"ucxcomm {what}: ReduceOp {getattr(kind, 'name', kind)} is not "
@@ -132,7 +139,11 @@ def _op(reduce_op: Any, dtype: torch.dtype, what: str) -> tuple[Op, bool]:
     avg = kind == _R.AVG
     if avg and (dtype in _INTEGRAL):
         raise ValueError(f"ucxcomm {what}: AVG needs floating-point tensors, got {dtype}")
+    _op_cache[(kind, dtype)] = op, avg
     return op, avg
+
+
+_op_cache: dict[tuple[Any, torch.dtype], tuple[Op, bool]] = {}  # (what _op accepted)
 
 
 class _Reducible:
@@ -168,6 +179,33 @@ def _sync(t: torch.Tensor) -> None:
     with the tensor ready on every stream."""
     if t.is_cuda:
         torch.cuda.current_stream(t.device).synchronize()
+
+
+class _Resume:
+    """Awaitable that goes on with an awaitable's iterator stepped elsewhere first
+    (``first``: what its last step yielded), as ``await`` would have."""
+
+    __slots__ = ("_first", "_it")
+
+    def __init__(self, it: Any, first: Any) -> None:
+        self._it, self._first = it, first
+
+    def __await__(self) -> Any:
+        it, y = self._it, self._first
+        self._it = self._first = None
+        while True:
+            try:
+                sent = yield y
+            except BaseException as exc:  # (a cancellation thrown in)
+                try:
+                    y = it.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    y = it.send(sent)
+                except StopIteration as stop:
+                    return stop.value
 
 
 def _then(*fns: Callable[[], None] | None) -> Callable[[], None] | None:
@@ -216,6 +254,10 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
             release_loop_thread(self._lt)  # (the last user: the thread ends)
             raise
         self._comm = self._world.comm
+        # Our calls progress the worker themselves (_inline): incoming traffic between
+        # them must not wake the loop thread (it would take the loop, and the GIL, from
+        # the next call).
+        self._world.worker.set_idle_watch(False)
         self._broken: BaseException | None = None
         self._closed = False
         self._collecting = threading.local()
@@ -227,6 +269,22 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
     # ------------------------------------------------------------ identity
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    # torch names a group through its C++ backends, which a Python group has none of:
+    # without these, destroy_process_group(subgroup) fails ("ProcessGroup name not set").
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        return getattr(self, "_group_name", "")
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:  # type: ignore[override]
+        return getattr(self, "_group_desc", "")
 
     def __repr__(self) -> str:
         return f"ProcessGroupUCXComm(rank={self._rank}, size={self._size})"
@@ -252,16 +310,17 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                 start: Callable[[], Awaitable[Any]], *, keep: Any = None,
                 after: Callable[[], None] | None = None, opts: Any = None,
                 source: bool = False, cuda: Sequence[torch.Tensor] = (),
-                collective: bool = True) -> Work:
-        """Hand the operation ``start`` (called on the loop thread; it starts the ucxcomm
-        operation and returns its awaitable) over and return its Work. ``collective``:
-        it needs every member (a death fails it, see :meth:`_peer_died`)."""
+                collective: bool = True, nbytes: int = -1) -> Work:
+        """Run the operation ``start`` (it starts the ucxcomm operation and returns its
+        awaitable) and return its Work: on this thread when the loop is idle and the
+        operation small (``nbytes``, by default its tensors' sizes; see
+        :meth:`_inline`), otherwise handed to the loop thread. ``collective``: it needs
+        every member (a death fails it, see :meth:`_peer_died`)."""
         self._check_open(what, collective)
         plans = getattr(self._collecting, "plans", None)
         if plans is not None:  # (part of a coalesced call: see _several)
             plans.append((what, outputs, start, keep, after, cuda))
             return None  # type: ignore[return-value]
-        timeout = _seconds(getattr(opts, "timeout", None)) or self._timeout
         device = None
         for t in cuda:
             if t.is_cuda:  # the loop thread reads what the current stream produces
@@ -269,9 +328,56 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                 device = t.device
                 torch.cuda.current_stream(device).synchronize()
                 break
+        lt = self._lt
+        if nbytes < 0:
+            nbytes = sum(t.nbytes for t in outputs) + sum(t.nbytes for t in cuda)
+        if nbytes <= INLINE_MAX and device is None and not self._inflight and lt.enter():
+            try:
+                return self._inline(what, outputs, start, keep, after, opts, source,
+                                    collective)
+            finally:
+                lt.leave()
+        timeout = _seconds(getattr(opts, "timeout", None)) or self._timeout
         work = Work(what, outputs, timeout + _GRACE_S)
         work.keep, work.after = keep, after
-        self._lt.call(self._begin, work, start, timeout, source, device, collective)
+        lt.call(self._begin, work, start, timeout, source, device, collective)
+        return work
+
+    def _inline(self, what: str, outputs: list[torch.Tensor],
+                start: Callable[[], Awaitable[Any]], keep: Any,
+                after: Callable[[], None] | None, opts: Any, source: bool,
+                collective: bool) -> Work:
+        """Start (and, when it needs no wait, finish) the operation on this thread while
+        it owns the idle loop (LoopThread.enter): no hand-over to the loop thread and
+        back, and a Work that is complete when returned. What has to wait goes on as a
+        task on the loop from where it stopped, and completes its Work there."""
+        if self._broken is not None and collective:
+            return Work.settled(what, outputs, self._broken)
+        ready = self._lt.ready
+        try:
+            it = start().__await__()
+            first = it.send(None)
+            while first is None and not ready:  # (a bare yield: nothing else is due)
+                first = it.send(None)
+        except StopIteration as stop:
+            exc = None
+            if after is not None:
+                try:
+                    after()
+                except Exception as err:  # (a copy-out failed)
+                    exc = err
+            return Work.settled(what, outputs, exc,
+                                stop.value.source if source and exc is None else -1)
+        except Exception as exc:
+            if isinstance(exc, PeerFailure) and self._broken is None:
+                self._broken = exc  # (as _drive does)
+            return Work.settled(what, outputs, exc)
+        timeout = _seconds(getattr(opts, "timeout", None)) or self._timeout
+        work = Work(what, outputs, timeout + _GRACE_S)
+        work.keep, work.after = keep, after
+        task = self._lt.loop.create_task(self._drive(work, _Resume(it, first), timeout,
+                                                     source))
+        self._inflight[work] = (task, collective)
         return work
 
     def _begin(self, work: Work, start: Callable[[], Awaitable[Any]], timeout: float,
@@ -342,9 +448,14 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         opts = dist.AllreduceOptions() if opts is None else opts
         t = _one(tensors, "allreduce")
         op, avg = _op(opts.reduceOp, t.dtype, "allreduce")
+        comm = self._comm
+        if not avg and t.dtype is not torch.bfloat16 and t.device.type == "cpu":
+            arr = (t.detach() if t.requires_grad else t).numpy()  # (the common case)
+            return self._submit("allreduce", [t], lambda: comm.Allreduce(IN_PLACE, arr, op),
+                                keep=arr, opts=opts, nbytes=arr.nbytes)
         r = _Reducible(t)
         size = self._size
-        return self._submit("allreduce", [t], lambda: self._comm.Allreduce(IN_PLACE, r.arr, op),
+        return self._submit("allreduce", [t], lambda: comm.Allreduce(IN_PLACE, r.arr, op),
                             keep=r, after=(lambda: r.store(size if avg else 1))
                             if avg or r.stage is not None else None,
                             opts=opts, cuda=[t])

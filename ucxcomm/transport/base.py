@@ -236,6 +236,13 @@ class Transport(ABC):
     def wake(self) -> None:
         """Call after posting operations that are not awaited via :meth:`complete`."""
 
+    def set_idle_watch(self, on: bool) -> None:
+        """Whether incoming traffic wakes the event loop while no operation is pending
+        (the default). Off: the transport is progressed then only by the next
+        operation and by a periodic wake-up (ucxcomm.torch, whose calls drive it
+        from the caller's thread, wants its loop thread left asleep). Optional."""
+        return None
+
     @abstractmethod
     def is_dead(self, peer: Any) -> bool:
         """Whether ``peer`` was declared gone (its operations fail with PeerFailure)."""

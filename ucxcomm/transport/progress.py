@@ -106,6 +106,8 @@ class Progress:
         self._spinners = 0  # tasks progressing inside wait()
         self._sleeper: asyncio.Future | None = None
         self._kick_due = False  # a kick is scheduled (call_soon)
+        #: Sleep on the descriptors of idle sources too (see :meth:`Worker.set_idle_watch`).
+        self.idle_watch = True
         self._busy_arms = 0  # arms refused in a row (see BUSY_ARMS)
         self._closed = False
         self._task: asyncio.Task | None = None
@@ -316,7 +318,9 @@ class Progress:
         try:
             refused = False
             for s in self._sources:
-                if s.watch_idle or s.pending():
+                if not s.pending() and s.watch_idle and not self.idle_watch:
+                    s.poll()  # (progressed once per wake-up, not watched)
+                elif s.watch_idle or s.pending():
                     armed.append(s)
                     if not s.arm():
                         refused = True

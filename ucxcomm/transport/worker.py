@@ -429,6 +429,10 @@ class Worker(Transport):
         not be awaited through :meth:`complete` right away."""
         self._progress.kick()
 
+    def set_idle_watch(self, on: bool) -> None:
+        """See :meth:`Transport.set_idle_watch`."""
+        self._progress.idle_watch = on
+
     # A progress source (ucxcomm.transport.progress.Source); pending and poll are the
     # engine's (bound in __init__).
     def pending(self) -> bool:
