@@ -242,9 +242,6 @@ def _shutdown_at_exit() -> None:
         lt.shutdown()
 
 
-_SETTLED_LOCK = threading.Lock()  # (get_future() of the Works that were settled at once)
-
-
 class Work(dist.Work):
     """One operation of a ucxcomm process group, running on the loop thread.
 
@@ -261,7 +258,7 @@ class Work(dist.Work):
         self._outputs = outputs
         self._deadline = deadline  # seconds: the outermost bound of a plain wait()
         # Held until the operation ends (a bare lock: cheaper than an Event per call).
-        self._gate: threading.Lock | None = threading.Lock()
+        self._gate = threading.Lock()
         self._gate.acquire()
         self._done = False
         self._lock = threading.Lock()
@@ -270,21 +267,6 @@ class Work(dist.Work):
         self._future: torch.futures.Future | None = None
         self.keep: Any = None  # what must stay alive until the operation ends
         self.after: Callable[[], None] | None = None  # runs on success, before completion
-
-    @classmethod
-    def settled(cls, what: str, outputs: list[torch.Tensor],
-                exc: BaseException | None = None, source: int = -1) -> Work:
-        """A Work for an operation that already ended (run on the caller's thread);
-        ``exc`` is what made it fail."""
-        self = cls.__new__(cls)
-        dist.Work.__init__(self)
-        self.what, self._outputs, self._deadline = what, outputs, 0.0
-        self._gate, self._lock = None, _SETTLED_LOCK
-        self._exc = translate(exc, what) if exc is not None else None
-        self._source, self._future = source, None
-        self.keep = self.after = None
-        self._done = True
-        return self
 
     # ------------------------------------------------- completion (loop thread)
     def finish(self, exc: BaseException | None = None, source: int = -1) -> None:
@@ -305,7 +287,7 @@ class Work(dist.Work):
             fut = self._future
         if fut is not None:  # (before the gate: wait() returns with the future done)
             self._settle(fut)
-        self._gate.release()  # type: ignore[union-attr]  # (None only when settled)
+        self._gate.release()
 
     def _settle(self, fut: torch.futures.Future) -> None:
         if self._exc is not None:
@@ -333,11 +315,9 @@ class Work(dist.Work):
                 raise RuntimeError(f"ucxcomm {self.what}: Work.wait() on the ucxcomm thread "
                                    "(from a future's callback?) would wait forever; chain "
                                    "with Future.then() instead")
-            gate = self._gate
-            assert gate is not None
-            if not gate.acquire(timeout=limit):
+            if not self._gate.acquire(timeout=limit):
                 raise WorkTimeoutError(f"ucxcomm {self.what}: not complete after {limit:g} s")
-            gate.release()  # (for any other waiter)
+            self._gate.release()  # (for any other waiter)
         if self._exc is not None:
             raise self._exc
         return True

@@ -331,28 +331,27 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         lt = self._lt
         if nbytes < 0:
             nbytes = sum(t.nbytes for t in outputs) + sum(t.nbytes for t in cuda)
-        if nbytes <= INLINE_MAX and device is None and not self._inflight and lt.enter():
-            try:
-                return self._inline(what, outputs, start, keep, after, opts, source,
-                                    collective)
-            finally:
-                lt.leave()
         timeout = _seconds(getattr(opts, "timeout", None)) or self._timeout
         work = Work(what, outputs, timeout + _GRACE_S)
         work.keep, work.after = keep, after
-        lt.call(self._begin, work, start, timeout, source, device, collective)
+        if nbytes <= INLINE_MAX and device is None and not self._inflight and lt.enter():
+            try:
+                self._inline(work, start, timeout, source, collective)
+            finally:
+                lt.leave()
+        else:
+            lt.call(self._begin, work, start, timeout, source, device, collective)
         return work
 
-    def _inline(self, what: str, outputs: list[torch.Tensor],
-                start: Callable[[], Awaitable[Any]], keep: Any,
-                after: Callable[[], None] | None, opts: Any, source: bool,
-                collective: bool) -> Work:
-        """Start (and, when it needs no wait, finish) the operation on this thread while
-        it owns the idle loop (LoopThread.enter): no hand-over to the loop thread and
-        back, and a Work that is complete when returned. What has to wait goes on as a
-        task on the loop from where it stopped, and completes its Work there."""
+    def _inline(self, work: Work, start: Callable[[], Awaitable[Any]], timeout: float,
+                source: bool, collective: bool) -> None:
+        """:meth:`_begin` on this thread while it owns the idle loop (LoopThread.enter):
+        the operation runs here and, when it needs no wait, the Work is complete when
+        the call returns (no hand-over to the loop thread and back). What has to wait
+        goes on as a task on the loop from where it stopped, and completes the Work."""
         if self._broken is not None and collective:
-            return Work.settled(what, outputs, self._broken)
+            work.finish(self._broken)
+            return
         ready = self._lt.ready
         try:
             it = start().__await__()
@@ -360,25 +359,16 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
             while first is None and not ready:  # (a bare yield: nothing else is due)
                 first = it.send(None)
         except StopIteration as stop:
-            exc = None
-            if after is not None:
-                try:
-                    after()
-                except Exception as err:  # (a copy-out failed)
-                    exc = err
-            return Work.settled(what, outputs, exc,
-                                stop.value.source if source and exc is None else -1)
+            work.finish(source=stop.value.source if source else -1)
+            return
         except Exception as exc:
             if isinstance(exc, PeerFailure) and self._broken is None:
                 self._broken = exc  # (as _drive does)
-            return Work.settled(what, outputs, exc)
-        timeout = _seconds(getattr(opts, "timeout", None)) or self._timeout
-        work = Work(what, outputs, timeout + _GRACE_S)
-        work.keep, work.after = keep, after
+            work.finish(exc)
+            return
         task = self._lt.loop.create_task(self._drive(work, _Resume(it, first), timeout,
                                                      source))
         self._inflight[work] = (task, collective)
-        return work
 
     def _begin(self, work: Work, start: Callable[[], Awaitable[Any]], timeout: float,
                source: bool, device: torch.device | None, collective: bool) -> None:
