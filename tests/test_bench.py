@@ -129,3 +129,38 @@ def test_torch_suite(tmp_path):
     assert {(r["impl"], r["op"]) for r in recs} == {
         (i, op) for i in ("ucxcomm", "gloo") for op in ("all_reduce", "ddp_step")}
     assert "x gloo" in proc.stdout
+
+
+def test_gpu_without_cupy_fails_before_running(tmp_path):
+    """``--gpu`` where cupy cannot be imported: a usage error naming what is missing,
+    before any job starts (before the fix, every job started, failed on ``import cupy``
+    in its ranks, and the run ended with 'no ucxcomm measurement completed')."""
+    fake = tmp_path / "nocupy" / "cupy"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('cupy hidden by the test')\n")
+    env = dict(clean_env(), PYTHONPATH=f"{fake.parent}:{ROOT}")
+    proc = subprocess.run([sys.executable, "-m", "ucxcomm.cli", "bench", "p2p", "--gpu",
+                           "--quick"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env=env, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--gpu: needs cupy" in proc.stderr
+    assert "[p2p" not in proc.stderr  # no job started
+
+
+@pytest.mark.gpu
+def test_gpu_suites(tmp_path):
+    """``--gpu``: p2p on device buffers for ucxcomm, raw ucxx and ``ucx_perftest -m
+    cuda``; collectives and torch (CUDA tensors, ucxcomm and gloo) likewise."""
+    out = tmp_path / "g.jsonl"
+    proc = bench("p2p", "--gpu", "--quick", "--sizes", "8,1M", "--compare", "ucxx,perftest",
+                 "--json", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = records(out)
+    assert {(r["impl"], r["op"]) for r in recs} >= {
+        (i, op) for i in ("ucxcomm-gpu", "ucxx-gpu", "ucx_perftest-gpu")
+        for op in ("latency", "bw")}
+    assert all("gpu" in r["settings"] for r in recs)
+    proc = bench("torch", "--gpu", "--quick", "--sizes", "8", "--json", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {(r["impl"], r["op"]) for r in records(out)} == {
+        (i, op) for i in ("ucxcomm-gpu", "gloo-gpu") for op in ("all_reduce", "ddp_step")}

@@ -86,7 +86,9 @@ def _bench_parser(sub) -> None:
     bench.add_argument("--plot", metavar="OUT.png", help="plot (needs matplotlib)")
     bench.add_argument("--quiet", action="store_true", help="no progress display")
     bench.add_argument("--gpu", action="store_true",
-                       help="collectives on cupy buffers (ucxcomm only)")
+                       help="GPU memory: p2p (ucxcomm, ucxx, ucx_perftest -m cuda), "
+                            "collectives (ucxcomm) and torch (ucxcomm, gloo) on device "
+                            "buffers; needs cupy and a CUDA device")
     bench.add_argument("--timeout", type=float, default=900.0,
                        help="seconds one job may take (default 900)")
 
@@ -113,6 +115,10 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--plot needs matplotlib: pip install 'ucxcomm[bench]'")
     if args.timeout <= 0:
         parser.error("--timeout must be > 0")
+    if args.gpu:
+        why = driver.gpu_missing()
+        if why:
+            parser.error(f"--gpu: {why}")
     suites = list(_BENCH_SUITES) if args.suite == "all" else [args.suite]
     opts = driver.Options(suites=suites, nranks=args.n, sizes=sizes, quick=args.quick,
                           compare=compare, transport=args.transport, json_out=args.json,

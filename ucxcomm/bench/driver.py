@@ -24,7 +24,7 @@ from pathlib import Path
 from . import perftest as _perftest
 from .spec import DEFAULT_SIZES, OPS, QUICK_SIZES, SUITES, applies, size_label
 
-__all__ = ["IMPLS", "Options", "run"]
+__all__ = ["IMPLS", "Options", "gpu_missing", "run"]
 
 #: Launcher variables the driver must not hand to the jobs it starts.
 _DROP = ("UCXCOMM_RANK", "UCXCOMM_SIZE", "UCXCOMM_STORE", "UCXCOMM_TOKEN", "OMPI_", "PMI_",
@@ -55,6 +55,20 @@ class Impl:
     missing: Callable[[], str | None]  # why it cannot run here, or None
     start: Callable[..., list[dict]] = field(repr=False)
     peer: bool = True
+    gpu: tuple[str, ...] = ()  # suites it measures on GPU memory too (--gpu)
+
+
+def gpu_missing() -> str | None:
+    """Why ``--gpu`` cannot run here (no cupy, no CUDA device), or None."""
+    try:
+        import cupy
+    except ImportError:
+        return "needs cupy (pip install 'ucxcomm[gpu]')"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, no device: cupy raises its runtime error
+        return f"no CUDA device ({exc})"
+    return None if count > 0 else "no CUDA device"
 
 
 # --------------------------------------------------------------------------- environment
@@ -82,6 +96,10 @@ def settings(opts: Options) -> dict[str, str]:
                "asyncio": "TCP on loopback",
                "ucxx-pipeline": "ucxx's listener endpoints stay on TCP (UCX peer error "
                                 "handling): --transport tcp is the like-for-like comparison"}
+    if opts.gpu:
+        out["gpu"] = ("device buffers (cupy arrays, CUDA tensors) on device LOCAL_RANK % "
+                      "device count; ucx_perftest with -m cuda; gloo stages CUDA tensors "
+                      "through the host")
     out["ucx_perftest"] = ("put_lat doubled (its ping-pong is halved; ours is Put+Flush); "
                            "its fadd/cswap/put_bw/get_bw are streaming per-operation "
                            "figures, not completed round trips")
@@ -238,7 +256,7 @@ def _start_perftest(suite, ops, size, n, opts, env, note):
         lat = OPS[op][0] == "us"
         iters = (2000 if opts.quick else 20000) if lat and size <= 65536 else \
             (20 if opts.quick else 200)
-        got = _perftest.perftest(test, size, iters, penv)
+        got = _perftest.perftest(test, size, iters, penv, mem="cuda" if opts.gpu else None)
         if got is None:
             note(f"ucx_perftest -t {test} -s {size} failed")
             continue
@@ -246,8 +264,9 @@ def _start_perftest(suite, ops, size, n, opts, env, note):
         if value <= 0:  # below what it prints (e.g. MB/s with two decimals)
             note(f"ucx_perftest -t {test} -s {size} printed 0: below its resolution")
             continue
-        out.append({"impl": "ucx_perftest", "op": op, "size": 8 if op in ("fadd_lat",
-                    "cas_lat") else size, "nranks": 2, "unit": OPS[op][0], "median": value,
+        out.append({"impl": "ucx_perftest" + ("-gpu" if opts.gpu else ""), "op": op,
+                    "size": 8 if op in ("fadd_lat", "cas_lat") else size, "nranks": 2,
+                    "unit": OPS[op][0], "median": value,
                     "min": value, "max": value, "samples": 1, "test": test})
     return out
 
@@ -272,16 +291,19 @@ IMPLS: dict[str, Impl] = {i.name: i for i in [
                                  rma=_under_ucxcomm("ranks_ucxcomm"),
                                  collectives=_under_ucxcomm("ranks_ucxcomm"),
                                  pipeline=_pipeline(("ucxcomm",)),
-                                 torch=_torch("ucxcomm")), peer=False),
+                                 torch=_torch("ucxcomm")), peer=False,
+         gpu=("p2p", "collectives", "torch")),
     Impl("ucxx", {"p2p": P2P, "pipeline": PIPE}, _needs_module("ucxx", "a ucxcomm dependency"),
-         _by_suite(p2p=_under_ucxcomm("ranks_ucxx"), pipeline=_pipeline(_UCXX_MODES))),
+         _by_suite(p2p=_under_ucxcomm("ranks_ucxx"), pipeline=_pipeline(_UCXX_MODES)),
+         gpu=("p2p",)),
     Impl("mpi4py", {"p2p": P2P, "rma": RMA, "collectives": COLL}, _mpi_missing, _start_mpi),
     Impl("gloo", {"p2p": P2P, "collectives": COLL, "torch": SUITES["torch"]},
          _needs_module("torch", "pip install torch"),
-         _by_suite(p2p=_start_gloo, collectives=_start_gloo, torch=_torch("gloo"))),
+         _by_suite(p2p=_start_gloo, collectives=_start_gloo, torch=_torch("gloo")),
+         gpu=("torch",)),
     Impl("perftest", {"p2p": ("latency", "bw"), "rma": tuple(op for op in RMA if op in _PERFTEST)},
          lambda: None if _perftest.executable() else "ucx_perftest not in the libucx wheel",
-         _start_perftest),
+         _start_perftest, gpu=("p2p",)),
     Impl("asyncio", {"p2p": ("latency", "bw"), "pipeline": PIPE}, lambda: None,
          _by_suite(p2p=_start_asyncio, pipeline=_pipeline(("asyncio",)))),
 ]}
@@ -326,8 +348,9 @@ def chosen_impls(opts: Options, progress: _Progress) -> list[Impl]:
         if why:
             progress.note(f"skipping {name}: {why}")
             continue
-        if opts.gpu and impl.name != "ucxcomm":
-            progress.note(f"skipping {name}: --gpu measures ucxcomm on cupy buffers only")
+        if opts.gpu and not set(impl.gpu) & set(opts.suites):
+            progress.note(f"skipping {name}: it has no GPU variant of "
+                          f"{', '.join(opts.suites)}")
             continue
         out.append(impl)
     return out
@@ -348,8 +371,11 @@ def run(opts: Options) -> list[dict]:
             continue
         sizes = opts.sizes or (QUICK_SIZES if opts.quick else DEFAULT_SIZES)[suite]
         n = opts.nranks if suite in ("collectives", "torch") else 2
+        if opts.gpu and "ucxcomm" not in [i.name for i in impls if suite in i.gpu]:
+            progress.note(f"skipping the {suite} suite: no GPU variant (--gpu)")
+            continue
         jobs = [(size, impl, [op for op in impl.ops.get(suite, ()) if applies(op, size, sizes)])
-                for size in sizes for impl in impls]
+                for size in sizes for impl in impls if not opts.gpu or suite in impl.gpu]
         jobs = [j for j in jobs if j[2]]
         for k, (size, impl, ops) in enumerate(jobs, 1):
             progress.show(f"[{suite} {k}/{len(jobs)}] {size_label(size)}: {impl.name} "

@@ -28,21 +28,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def perftest(test: str, size: int, iters: int, env: dict,
-             timeout: float = 300) -> tuple[float, float, float] | None:
+def perftest(test: str, size: int, iters: int, env: dict, timeout: float = 300,
+             mem: str | None = None) -> tuple[float, float, float] | None:
     """``(latency median us, latency average us, bandwidth GB/s)`` of one ``ucx_perftest
-    -t test`` client/server pair on loopback, or None when it is missing or failed."""
+    -t test`` client/server pair on loopback, or None when it is missing or failed.
+    ``mem`` is its memory type for both sides (``-m cuda``), host memory by default."""
     exe = executable()
     if exe is None:
         return None
     env = dict(env, LD_LIBRARY_PATH=str(exe.parent.parent / "lib"))
     port = free_port()
-    server = subprocess.Popen([str(exe), "-p", str(port)], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    mflag = ["-m", mem] if mem else []
+    server = subprocess.Popen([str(exe), "-p", str(port), *mflag], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _attempt in range(100):  # until the server listens (it says so only buffered)
             proc = subprocess.run([str(exe), "127.0.0.1", "-p", str(port), "-t", test, "-s",
-                                   str(size), "-n", str(iters)], capture_output=True,
+                                   str(size), "-n", str(iters), *mflag], capture_output=True,
                                   text=True, env=env, timeout=timeout)
             if proc.returncode == 0 or server.poll() is not None:
                 break

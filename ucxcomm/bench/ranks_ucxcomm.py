@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from .spec import SUITES, collective_call, counts, emit, job_options
+from .spec import SUITES, collective_call, counts, emit, job_options, local_cupy
 
 IMPL = "ucxcomm"
 
@@ -30,15 +30,16 @@ async def timed_calls(comm, plan, body, n: int, *, sync: bool = True) -> list[fl
     return out
 
 
-async def p2p(comm, ops: list[str], size: int, plan) -> None:
+async def p2p(comm, ops: list[str], size: int, plan, gpu: bool) -> None:
     from ucxcomm import Request
 
+    xp = local_cupy() if gpu else np
     me, other = comm.rank, 1 - comm.rank
-    buf = np.zeros(size, np.uint8)
-    ack = np.zeros(1, np.uint8)
+    buf = xp.zeros(size, np.uint8)
+    ack = np.zeros(1, np.uint8)  # the acknowledgement stays a host message
     w = plan.window(size)
-    bufs = [np.ones(size, np.uint8) for _ in range(w)]
-    rbufs = [np.empty(size, np.uint8) for _ in range(w)]
+    bufs = [xp.ones(size, np.uint8) for _ in range(w)]
+    rbufs = [xp.empty(size, np.uint8) for _ in range(w)]
     Send, Recv, Isend, Irecv = comm.Send, comm.Recv, comm.Isend, comm.Irecv
     waitall = Request.waitall
 
@@ -80,7 +81,7 @@ async def p2p(comm, ops: list[str], size: int, plan) -> None:
             t = await timed_calls(comm, plan, body, max(1, plan.iters(size) // w))
             samples = [scale * size * w / s / 1e9 for s in t]
         if me == 0:
-            emit(IMPL, op, size, 2, samples)
+            emit(IMPL + ("-gpu" if gpu else ""), op, size, 2, samples)
 
 
 async def rma(comm, ops: list[str], size: int, plan) -> None:
@@ -132,9 +133,7 @@ async def rma(comm, ops: list[str], size: int, plan) -> None:
 async def collectives(comm, ops: list[str], size: int, plan, gpu: bool) -> None:
     import ucxcomm
 
-    xp = np
-    if gpu:
-        import cupy as xp  # type: ignore[no-redef]
+    xp = local_cupy() if gpu else np
     p = comm.size
     for op in ops:
         ns, nr = counts(op, size, p)
@@ -152,7 +151,7 @@ async def main(argv: list[str]) -> None:
     suite, args = argv[0], job_options(argv[1:])
     async with ucxcomm.init() as comm:
         if suite == "p2p":
-            await p2p(comm, args.ops, args.size, args.plan)
+            await p2p(comm, args.ops, args.size, args.plan, args.gpu)
         elif suite == "rma":
             await rma(comm, args.ops, args.size, args.plan)
         elif suite == "collectives":

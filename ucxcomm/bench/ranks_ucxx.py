@@ -14,12 +14,12 @@ import numpy as np
 import ucxx._lib.libucxx as ucx_lib
 from ucxx._lib.arr import Array
 
-from .spec import emit, job_options, timed
+from .spec import emit, job_options, local_cupy, timed
 
 IMPL = "ucxx"
 
 
-def p2p(me: int, worker, ep, ops: list[str], size: int, plan) -> None:
+def p2p(me: int, worker, ep, ops: list[str], size: int, plan, gpu: bool) -> None:
     data, ctl, sync_tag = ucx_lib.UCXXTag(1), ucx_lib.UCXXTag(2), ucx_lib.UCXXTag(3)
     mask = ucx_lib.UCXXTagMaskFull
     progress = worker.progress
@@ -29,11 +29,12 @@ def p2p(me: int, worker, ep, ops: list[str], size: int, plan) -> None:
             progress()
         req.check_error()
 
-    buf = Array(np.zeros(size, np.uint8))
+    xp = local_cupy() if gpu else np
+    buf = Array(xp.zeros(size, np.uint8))
     ack = Array(np.zeros(1, np.uint8))
     w = plan.window(size)
-    bufs = [Array(np.ones(size, np.uint8)) for _ in range(w)]
-    rbufs = [Array(np.empty(size, np.uint8)) for _ in range(w)]
+    bufs = [Array(xp.ones(size, np.uint8)) for _ in range(w)]
+    rbufs = [Array(xp.empty(size, np.uint8)) for _ in range(w)]
     token, token_in = Array(np.zeros(1, np.uint8)), Array(np.zeros(1, np.uint8))
 
     def barrier() -> None:
@@ -83,7 +84,7 @@ def p2p(me: int, worker, ep, ops: list[str], size: int, plan) -> None:
             t = timed(plan, body, max(1, plan.iters(size) // w), barrier)
             samples = [scale * size * w / s / 1e9 for s in t]
         if me == 0:
-            emit(IMPL, op, size, 2, samples)
+            emit(IMPL + ("-gpu" if gpu else ""), op, size, 2, samples)
     barrier()
 
 
@@ -91,6 +92,8 @@ async def main(argv: list[str]) -> None:
     import ucxcomm
 
     args = job_options(argv[1:])
+    if args.gpu:
+        local_cupy()  # this rank's CUDA context before UCX's, as a GPU application has
     feats = ucx_lib.Feature
     ctx = ucx_lib.UCXContext({}, feature_flags=(feats.TAG, feats.WAKEUP))
     worker = ucx_lib.UCXWorker(ctx, enable_delayed_submission=False,
@@ -100,7 +103,7 @@ async def main(argv: list[str]) -> None:
         ep = worker.create_endpoint_from_worker_address(
             ucx_lib.UCXAddress.create_from_buffer(peer), False)
         await comm.barrier()
-        p2p(comm.rank, worker, ep, args.ops, args.size, args.plan)
+        p2p(comm.rank, worker, ep, args.ops, args.size, args.plan, args.gpu)
         await comm.barrier()
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["OPS", "SUITES", "Plan", "applies", "busbw_factor", "collective_call", "counts",
-           "emit", "job_options",
+           "emit", "job_options", "local_cupy",
            "parse_sizes", "size_label", "timed"]
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -84,6 +84,18 @@ def parse_sizes(text: str) -> list[int]:
     if not out:
         raise ValueError("no sizes given")
     return sorted(out)
+
+
+def local_cupy() -> Any:
+    """cupy, with this rank's GPU (``LOCAL_RANK`` modulo the device count, as ``ucxcomm
+    run`` and torchrun number ranks on a node) made current: ``--gpu`` jobs."""
+    import os
+
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    cupy.cuda.Device(int(os.environ.get("LOCAL_RANK", "0")) % count).use()
+    return cupy
 
 
 def size_label(size: int) -> str:
