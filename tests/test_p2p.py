@@ -68,3 +68,11 @@ def test_over_tcp_cases_ignore_an_exported_transport(monkeypatch):
 def test_gpu_buffers(nranks):
     """cupy buffers through UCX's CUDA transports (skipped without CUDA and cupy)."""
     run_case(P2P_CASES, "gpu_buffers", nranks)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_gpu_stream_order(nranks):
+    """Regression (H200, 2026-12-04): GPU buffers went to UCX before the kernels writing
+    them had run; gpu_buffers at 3 ranks then failed on every one of six tries."""
+    run_case(P2P_CASES, "gpu_stream_order", nranks)

@@ -569,5 +569,31 @@ async def gpu_buffers(comm):
     assert int(got["x"][0]) == left
 
 
+@case
+async def gpu_stream_order(comm):
+    """GPU buffers handed over right behind the kernels that write them, with no
+    synchronize by the caller: a send carries what the stream produced, and a fill still
+    queued for a receive buffer does not overwrite the data received (ucxcomm waits for
+    the stream the buffer's CUDA Array Interface names). Milliseconds of matrix products
+    queued first keep the stream busy while the message moves."""
+    import cupy
+
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    n = 1 << 18
+    a = cupy.full((2048, 2048), 1.0 / 2048, cupy.float32)
+    for trial in range(3):
+        busy = a
+        for _ in range(20):
+            busy = busy @ a  # queued, not waited for
+        src = cupy.full(n, 10 * trial + comm.rank, cupy.float32)  # queued behind them
+        dst = cupy.full(n, -1.0, cupy.float32)
+        req = comm.Isend(src, right, tag=trial)
+        await comm.Recv(dst, left, tag=trial)
+        await req
+        got = cupy.asnumpy(dst)
+        assert (got == 10 * trial + left).all(), (trial, got[:4], got[-4:])
+        assert float(busy[0, 0]) > 0
+
+
 if __name__ == "__main__":
     cases.main()

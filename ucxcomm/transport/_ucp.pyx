@@ -233,6 +233,27 @@ cdef class BufRef:
             self.held = False
 
 
+cdef object _stream_synchronize = None  # cupy.cuda.runtime.streamSynchronize, on first use
+
+
+cdef _wait_for_producer(dict iface):
+    """CUDA Array Interface v3: before UCX touches GPU memory, wait for the stream its
+    producer names (cupy and torch name their current stream; 1 and 2 are the legacy and
+    per-thread default streams, which ``cudaStreamSynchronize`` takes as they are).
+    Without this a send could read the buffer before the kernel writing it ran, and a
+    receive's data could be overwritten by a fill still queued for it (seen on an H200:
+    ``cupy.arange(n) + rank`` sent at once arrived stale, 3 ranks, every try). A
+    producer that names no stream (``None`` or absent) guarantees the data is ready."""
+    global _stream_synchronize
+    stream = iface.get("stream")
+    if stream is None:
+        return
+    if _stream_synchronize is None:
+        import cupy
+        _stream_synchronize = cupy.cuda.runtime.streamSynchronize
+    _stream_synchronize(stream)
+
+
 cdef object _slow_target(object obj, bint writable, bint cuda):
     from .._buffers import as_recv_buffer, as_send_buffer
     from ..errors import UnsupportedError
@@ -242,8 +263,9 @@ cdef object _slow_target(object obj, bint writable, bint cuda):
         if not cuda:
             raise UnsupportedError("a GPU buffer was given but this UCX has no CUDA support "
                                    "(install ucxcomm[gpu] on a CUDA machine)")
-        return (int(spec.obj.__cuda_array_interface__["data"][0]), spec.nbytes, spec.obj,
-                True)
+        iface = spec.obj.__cuda_array_interface__
+        _wait_for_producer(iface)
+        return (int(iface["data"][0]), spec.nbytes, spec.obj, True)
     cdef BufRef ref = BufRef.__new__(BufRef)
     get_buffer(spec.obj, &ref.view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
     ref.held = True
