@@ -149,6 +149,8 @@ async def main(argv: list[str]) -> None:
     import ucxcomm
 
     suite, args = argv[0], job_options(argv[1:])
+    if args.gpu:
+        local_cupy()  # this rank's CUDA device before UCX starts, as a GPU application has
     async with ucxcomm.init() as comm:
         if suite == "p2p":
             await p2p(comm, args.ops, args.size, args.plan, args.gpu)
