@@ -76,3 +76,10 @@ def test_gpu_stream_order(nranks):
     """Regression (H200, 2026-12-04): GPU buffers went to UCX before the kernels writing
     them had run; gpu_buffers at 3 ranks then failed on every one of six tries."""
     run_case(P2P_CASES, "gpu_stream_order", nranks)
+
+
+@pytest.mark.gpu
+def test_gpu_stream_order_torch():
+    """The same with torch CUDA tensors (their interface names no stream)."""
+    pytest.importorskip("torch")
+    run_case(P2P_CASES, "gpu_stream_order_torch", 2)

@@ -226,22 +226,37 @@ def test_rdma_endpoints_to_other_hosts_get_peer_error_handling(monkeypatch):
 _STREAM_ORDER = r'''
 import sys, types
 calls = []
-fake = types.ModuleType("cupy")  # records what a real cupy would synchronize
-fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(streamSynchronize=calls.append))
+# Stand-ins that record what a real cupy / torch would synchronize.
+fake = types.ModuleType("cupy")
+fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(
+    streamSynchronize=calls.append, deviceSynchronize=lambda: calls.append("device")))
 sys.modules["cupy"] = fake
+class Stream:
+    def __init__(self, device):
+        self.device = device
+    def synchronize(self):
+        calls.append(("torch", self.device))
+faketorch = types.ModuleType("torch")
+faketorch.cuda = types.SimpleNamespace(current_stream=Stream)
+sys.modules["torch"] = faketorch
 from ucxcomm.transport import _ucx
 _ucx.load()
 
-class Device:  # GPU memory as cupy/torch describe it (CUDA Array Interface v3)
+class Device:  # GPU memory as cupy describes it (CUDA Array Interface v3)
     def __init__(self, **extra):
         self.__cuda_array_interface__ = dict(shape=(4,), typestr="<f4", data=(4096, False),
                                              version=3, strides=None, **extra)
+
+class Tensor(Device):  # a torch CUDA tensor: interface v2, no stream
+    __module__ = "torch"
+    device = "cuda:1"
 
 t = _ucx.ucp.target(Device(stream=7), False, True)  # a send: waits for stream 7
 assert t[0] == 4096 and t[1] == 16 and t[3], t
 _ucx.ucp.target(Device(stream=1), True, True)  # a receive: the legacy default stream
 _ucx.ucp.target(Device(stream=None), False, True)  # the producer says: ready
-_ucx.ucp.target(Device(), True, True)  # a v2 producer: no stream, nothing to wait for
+_ucx.ucp.target(Tensor(), True, True)  # torch's current stream on the tensor's device
+_ucx.ucp.target(Device(), False, True)  # another v2 producer: the whole device
 print("SYNCED", calls)
 '''
 
@@ -251,9 +266,11 @@ def test_gpu_targets_wait_for_the_producers_stream():
     for the stream that produced it, so ``comm.Isend(cupy.arange(n) + rank, ...)`` sent
     stale data (3 ranks: wrong data or a wrong truncated prefix on every one of six tries;
     tests/spmd/p2p_cases.py ``gpu_stream_order`` checks it on a GPU). A GPU target now
-    synchronizes the stream its CUDA Array Interface names, for sends and receives alike.
+    synchronizes the stream its CUDA Array Interface names, for sends and receives alike
+    (torch tensors name none: torch's current stream; other such producers: the device).
     No GPU here: a child process stands a recording module in for cupy (UCX is real)."""
     proc = subprocess.run([sys.executable, "-c", _STREAM_ORDER], capture_output=True,
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SYNCED [7, 1]" in proc.stdout, proc.stdout + proc.stderr
+    assert "SYNCED [7, 1, ('torch', 'cuda:1'), 'device']" in proc.stdout, \
+        proc.stdout + proc.stderr

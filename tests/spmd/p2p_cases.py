@@ -569,6 +569,23 @@ async def gpu_buffers(comm):
     assert int(got["x"][0]) == left
 
 
+async def _stream_order(comm, full) -> None:
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    n = 1 << 18
+    a = full((2048, 2048), 1.0 / 2048)
+    for trial in range(3):
+        busy = a
+        for _ in range(20):
+            busy = busy @ a  # queued, not waited for
+        src = full((n,), 10.0 * trial + comm.rank)  # queued behind them
+        dst = full((n,), -1.0)
+        req = comm.Isend(src, right, tag=trial)
+        await comm.Recv(dst, left, tag=trial)
+        await req
+        assert bool((dst == 10.0 * trial + left).all()), (trial, dst[:4], dst[-4:])
+        assert float(busy[0, 0]) > 0
+
+
 @case
 async def gpu_stream_order(comm):
     """GPU buffers handed over right behind the kernels that write them, with no
@@ -578,21 +595,17 @@ async def gpu_stream_order(comm):
     queued first keep the stream busy while the message moves."""
     import cupy
 
-    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
-    n = 1 << 18
-    a = cupy.full((2048, 2048), 1.0 / 2048, cupy.float32)
-    for trial in range(3):
-        busy = a
-        for _ in range(20):
-            busy = busy @ a  # queued, not waited for
-        src = cupy.full(n, 10 * trial + comm.rank, cupy.float32)  # queued behind them
-        dst = cupy.full(n, -1.0, cupy.float32)
-        req = comm.Isend(src, right, tag=trial)
-        await comm.Recv(dst, left, tag=trial)
-        await req
-        got = cupy.asnumpy(dst)
-        assert (got == 10 * trial + left).all(), (trial, got[:4], got[-4:])
-        assert float(busy[0, 0]) > 0
+    await _stream_order(comm, lambda shape, v: cupy.full(shape, v, cupy.float32))
+
+
+@case
+async def gpu_stream_order_torch(comm):
+    """The same with torch CUDA tensors, whose interface names no stream (ucxcomm waits
+    for torch's current stream on the tensor's device)."""
+    import torch
+
+    dev = torch.device("cuda", comm.rank % torch.cuda.device_count())
+    await _stream_order(comm, lambda shape, v: torch.full(shape, v, device=dev))
 
 
 if __name__ == "__main__":

@@ -233,25 +233,41 @@ cdef class BufRef:
             self.held = False
 
 
-cdef object _stream_synchronize = None  # cupy.cuda.runtime.streamSynchronize, on first use
+cdef object _cuda_runtime = None  # cupy.cuda.runtime, imported on first use
+cdef object _NO_STREAM = object()
 
 
-cdef _wait_for_producer(dict iface):
-    """CUDA Array Interface v3: before UCX touches GPU memory, wait for the stream its
-    producer names (cupy and torch name their current stream; 1 and 2 are the legacy and
-    per-thread default streams, which ``cudaStreamSynchronize`` takes as they are).
-    Without this a send could read the buffer before the kernel writing it ran, and a
-    receive's data could be overwritten by a fill still queued for it (seen on an H200:
-    ``cupy.arange(n) + rank`` sent at once arrived stale, 3 ranks, every try). A
-    producer that names no stream (``None`` or absent) guarantees the data is ready."""
-    global _stream_synchronize
-    stream = iface.get("stream")
+cdef object _runtime():
+    global _cuda_runtime
+    if _cuda_runtime is None:
+        import cupy
+        _cuda_runtime = cupy.cuda.runtime
+    return _cuda_runtime
+
+
+cdef _wait_for_producer(object obj, dict iface):
+    """Before UCX touches GPU memory, wait (blocking this thread) until the work queued
+    to produce it has run. Without this a send could read the buffer before the kernel
+    writing it ran, and a receive's data could be overwritten by a fill still queued for
+    it (seen on an H200: ``cupy.arange(n) + rank`` sent at once arrived stale, 3 ranks,
+    every try).
+
+    * CUDA Array Interface v3 ``stream`` (cupy names its current stream; 1 and 2 are the
+      legacy and per-thread default streams, which ``cudaStreamSynchronize`` takes as
+      they are): that stream. ``None``: the producer says the data is ready.
+    * No ``stream`` (a v2 producer, such as torch): for a torch tensor, torch's current
+      stream on its device; for anything else, the whole device.
+    """
+    stream = iface.get("stream", _NO_STREAM)
     if stream is None:
         return
-    if _stream_synchronize is None:
-        import cupy
-        _stream_synchronize = cupy.cuda.runtime.streamSynchronize
-    _stream_synchronize(stream)
+    if stream is not _NO_STREAM:
+        _runtime().streamSynchronize(stream)
+    elif type(obj).__module__.startswith("torch"):
+        import torch
+        torch.cuda.current_stream(obj.device).synchronize()
+    else:
+        _runtime().deviceSynchronize()
 
 
 cdef object _slow_target(object obj, bint writable, bint cuda):
@@ -264,7 +280,7 @@ cdef object _slow_target(object obj, bint writable, bint cuda):
             raise UnsupportedError("a GPU buffer was given but this UCX has no CUDA support "
                                    "(install ucxcomm[gpu] on a CUDA machine)")
         iface = spec.obj.__cuda_array_interface__
-        _wait_for_producer(iface)
+        _wait_for_producer(spec.obj, iface)
         return (int(iface["data"][0]), spec.nbytes, spec.obj, True)
     cdef BufRef ref = BufRef.__new__(BufRef)
     get_buffer(spec.obj, &ref.view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
@@ -726,6 +742,8 @@ cdef class TagEngine:
             if op.device:
                 import cupy
                 arr = cupy.empty(nbytes, dtype=cupy.uint8)
+                # (its block may come back from kernels still queued on the stream)
+                cupy.cuda.get_current_stream().synchronize()
                 ptr = <uintptr_t>arr.data.ptr
             else:
                 import numpy
@@ -780,8 +798,9 @@ cdef class TagEngine:
         arr, src = op.scratch
         cdef uintptr_t s = src
         if op.device:
-            import cupy
-            cupy.cuda.runtime.memcpy(op.ptr, s, op.cap, 4)  # cudaMemcpyDefault
+            rt = _runtime()
+            rt.memcpy(op.ptr, s, op.cap, 4)  # cudaMemcpyDefault (device to device:
+            rt.deviceSynchronize()  # asynchronous) done before the scratch goes back
         else:
             memmove(<void *>op.ptr, <void *>s, op.cap)
         op.scratch = None

@@ -493,9 +493,10 @@ class RemoteMemory(Remote):
 
     def _origin(self, buf: Any, writable: bool, what: str) -> Any:
         """A host buffer as a target (the slow path: F order, bytes-like objects; GPU
-        memory is refused)."""
-        t = _ucx.ucp.target(buf, writable, True)
-        if t[3]:
+        memory is refused, before anything waits on its stream)."""
+        gpu = getattr(buf, "__cuda_array_interface__", None) is not None
+        t = None if gpu else _ucx.ucp.target(buf, writable, True)
+        if t is None or t[3]:  # (t[3]: a CUDA DLPack tensor)
             raise UnsupportedError(f"{what}: GPU origin buffers are not supported for RMA "
                                    "yet; pass host memory")
         return t
