@@ -29,11 +29,15 @@ class BufferSpec:
         Size in bytes.
     device : bool
         True when the memory lives on a CUDA device.
+    iface : dict or None
+        Device memory: ``obj.__cuda_array_interface__`` as read for this spec (cupy
+        builds the dict anew on every read).
     """
 
     obj: Any
     nbytes: int
     device: bool
+    iface: dict | None = None
 
 
 def _cuda_iface_nbytes(iface: dict, what: str) -> int:
@@ -127,7 +131,8 @@ def _spec(arr: Any) -> BufferSpec:
 
         flat = arr.ravel(order="K").view(np.uint8)  # same memory, C or F order
         return BufferSpec(flat, flat.nbytes, False)
-    return BufferSpec(arr, _cuda_iface_nbytes(arr.__cuda_array_interface__, ""), True)
+    iface = arr.__cuda_array_interface__
+    return BufferSpec(arr, _cuda_iface_nbytes(iface, ""), True, iface)
 
 
 def as_send_buffer(obj: Any) -> BufferSpec:

@@ -279,9 +279,8 @@ cdef object _slow_target(object obj, bint writable, bint cuda):
         if not cuda:
             raise UnsupportedError("a GPU buffer was given but this UCX has no CUDA support "
                                    "(install ucxcomm[gpu] on a CUDA machine)")
-        iface = spec.obj.__cuda_array_interface__
-        _wait_for_producer(spec.obj, iface)
-        return (int(iface["data"][0]), spec.nbytes, spec.obj, True)
+        _wait_for_producer(spec.obj, spec.iface)
+        return (int(spec.iface["data"][0]), spec.nbytes, spec.obj, True)
     cdef BufRef ref = BufRef.__new__(BufRef)
     get_buffer(spec.obj, &ref.view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
     ref.held = True
