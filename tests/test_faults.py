@@ -155,6 +155,16 @@ def test_kill_during(name, victim):
 
 
 @pytest.mark.parametrize("victim", [0, 1])
+def test_kill_during_two_rank_small_allreduce(victim):
+    """Two ranks, 8 B Allreduce in a loop (each call one exchange in the compiled
+    engine, finished inside the call when the peer is quick): the survivor raises
+    PeerFailure."""
+    took = run_fault("allreduce_small", 2, victim)
+    print(f"allreduce_small, rank {victim} killed: the survivor ended after "
+          + ", ".join(f"{t:.2f} s" for t in took.values()))
+
+
+@pytest.mark.parametrize("victim", [0, 1])
 def test_kill_during_stream(victim):
     """Connected endpoints (listen/connect): the server or the client dies mid-transfer."""
     took = run_fault("stream", 2, victim)

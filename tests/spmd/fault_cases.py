@@ -116,6 +116,18 @@ async def allreduce(comm, victim, tick):
         tick()
 
 
+@case
+async def allreduce_small(comm, victim, tick):
+    """8 bytes: at two ranks each call is one compiled exchange (send, then wait for the
+    peer's message in place), the path a death must not leave spinning or waiting."""
+    send = np.full(1, comm.rank + 1, np.float64)
+    recv = np.empty_like(send)
+    while True:
+        await comm.Allreduce(send, recv)
+        assert recv[0] == comm.size * (comm.size + 1) / 2
+        tick()
+
+
 async def _window(comm):
     return await ucxcomm.Win.Allocate(comm, 1 << 20, disp_unit=1)
 

@@ -259,6 +259,11 @@ class Collectives:
         """Element-wise reduction of every rank's ``sendbuf``, result in every rank's
         ``recvbuf`` (bit-identical everywhere). Recursive doubling for small messages,
         ring reduce-scatter + allgather (segmented) for large ones."""
+        return self._allreduce(sendbuf, recvbuf, op, True)
+
+    def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Op, now: bool) -> Awaitable[None]:
+        """:meth:`Allreduce`; ``now``: the caller awaits the result at once (a small
+        two-rank call may then finish inside this call and return ``DONE``)."""
         if (type(recvbuf) is np.ndarray and recvbuf.nbytes < alg.TUNING["allreduce_ring_min"]
                 and self.size > 1 and isinstance(op, Op)):
             flags = recvbuf.flags
@@ -273,6 +278,8 @@ class Collectives:
                     ufunc = _fast_ufuncs[key] = _ufunc(op, recvbuf)
                 if self._small.usable(recvbuf.nbytes):
                     src = recvbuf if sendbuf is IN_PLACE else cast(np.ndarray, sendbuf)
+                    if now and self.size == 2:
+                        return self._small.allreduce_now(src, recvbuf, ufunc)  # type: ignore[no-any-return]
                     return self._small.allreduce(self._small_chan("Allreduce"), src, recvbuf, ufunc)
                 self._check_open()
                 ch = Chan(self._group, self._next_seq(), "Allreduce")
@@ -305,7 +312,7 @@ class Collectives:
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
         """Non-blocking :meth:`Allreduce`."""
-        return self._request(self.Allreduce(sendbuf, recvbuf, op))
+        return self._request(self._allreduce(sendbuf, recvbuf, op, False))
 
     def _gatherv(self, sendbuf: Any, recvspec: Any, root: int, v: bool) -> Awaitable[None]:
         name = "Gatherv" if v else "Gather"

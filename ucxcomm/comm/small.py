@@ -17,17 +17,36 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .algorithms import Chan
+from ..errors import ClosedError, TruncationError
+from .algorithms import Chan, _whole
+from .tags import KIND_COLL, make_tag
 
 if TYPE_CHECKING:
     from .group import Group
 
-__all__ = ["SMALL_MAX", "SmallCollectives", "small_ok"]
+__all__ = ["DONE", "SMALL_MAX", "SmallCollectives", "small_ok"]
 
 #: Largest message (bytes, per peer) that takes these paths.
 SMALL_MAX = 8192
 #: Largest communicator that takes them (one message per peer per rank).
 SMALL_MAX_RANKS = 32
+
+
+class _Done:
+    """An awaitable that is already finished (a call that completed before returning:
+    awaiting it returns None at once)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Any:
+        return iter(())
+
+    def __repr__(self) -> str:
+        return "<ucxcomm DONE>"
+
+
+#: What a path that finished inside the call returns.
+DONE = _Done()
 
 
 def small_ok(*arrays: Any) -> bool:
@@ -50,6 +69,10 @@ class SmallCollectives:
         self._peers = [q for q in range(group.size) if q != group.rank]
         self._scratch: dict[tuple[Any, int], np.ndarray] = {}
         self._pair: dict[tuple[Any, Any], tuple[np.ndarray, Any]] = {}  # (scratch, target)
+        # Two ranks: this rank's collective send tag and the peer's, sequence number 0
+        # (a call ORs its sequence number in, as Chan's make_tag does).
+        self._stag0 = make_tag(group.cid, KIND_COLL, group.rank, 0)
+        self._rtag0 = make_tag(group.cid, KIND_COLL, 1 - group.rank, 0) if group.size == 2 else 0
 
     def usable(self, nbytes: int) -> bool:
         return 1 < self.size <= SMALL_MAX_RANKS and nbytes <= SMALL_MAX
@@ -187,6 +210,64 @@ class SmallCollectives:
         else:
             ufunc(tmp, send, out=recv)
         self._pair[(send.dtype, send.shape)] = (tmp, tmp_target)
+
+    def allreduce_now(self, send: np.ndarray, recv: np.ndarray, ufunc: Any) -> Any:
+        """Two ranks, for a caller that awaits at once (``Allreduce``): the exchange is
+        one call into the compiled engine, which sends, then waits for the peer's
+        message in place. When both finish there, the reduction runs here and
+        :data:`DONE` is returned (nothing was scheduled); otherwise an awaitable that
+        finishes the call like :meth:`allreduce`.
+
+        Same messages, tags and results as :meth:`allreduce` (a peer may run either).
+        Raises ClosedError / PeerFailure here rather than from the await."""
+        g = self._group
+        if g.closed or g.world.closed:
+            raise ClosedError(f"{g.label} is closed")
+        seq = g.next_seq()
+        key = (send.dtype, send.shape)
+        cached = self._pair.pop(key, None)
+        if cached is None:
+            tmp = np.empty(send.shape, send.dtype)
+            cached = (tmp, self._transport.recv_ptr(tmp))
+        peer = 1 - self.rank
+        ep = g.eps[peer]
+        if ep is None:
+            ep = g.endpoint(peer)
+        res = ep.exchange(self._transport.send_ptr(send), self._stag0 | seq, cached[1],
+                          self._rtag0 | seq, g.peers_all)
+        if res is not None:
+            return self._allreduce_rest(Chan(g, seq, "Allreduce"), res, send, recv, ufunc,
+                                        cached)
+        if self.rank == 0:
+            ufunc(send, cached[0], out=recv)
+        else:
+            ufunc(cached[0], send, out=recv)
+        self._pair[key] = cached
+        return DONE
+
+    async def _allreduce_rest(self, ch: Chan, res: tuple[Any, Any], send: np.ndarray,
+                              recv: np.ndarray, ufunc: Any,
+                              cached: tuple[np.ndarray, Any]) -> None:
+        """The rest of :meth:`allreduce_now` when its exchange has to wait (or the
+        message did not fit): as :meth:`_allreduce_pair` from its wait on."""
+        sent, got = res
+        if sent is not None:
+            ch.sends.append(sent)
+        if type(got) is tuple:
+            try:
+                _whole(got)
+            except TruncationError as exc:
+                ch.failed()
+                raise ch._named(exc) from None
+        else:
+            ch.recvs.append(got)
+        await self._finish(ch)
+        tmp = cached[0]
+        if self.rank == 0:
+            ufunc(send, tmp, out=recv)
+        else:
+            ufunc(tmp, send, out=recv)
+        self._pair[(send.dtype, send.shape)] = cached
 
     def _pair_scratch(self, dtype: Any, shape: Any) -> tuple[np.ndarray, Any]:
         """Scratch of ``shape`` and its receive target (reused: put it back in

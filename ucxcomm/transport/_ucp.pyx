@@ -392,6 +392,7 @@ cdef class TagEngine:
     cdef public dict _dead     # peer -> (deadline, exception); written by Worker.fail_peer
     cdef object _create_future
     cdef object _ready         # the event loop's ready queue (may be None)
+    cdef object _others_ready  # Progress.others_ready (None: any ready callback counts)
     cdef double _spin_s
     cdef bint _cuda
     cdef public bint _closed
@@ -401,7 +402,7 @@ cdef class TagEngine:
     cdef int _truncated        # UCS_ERR_MESSAGE_TRUNCATED
 
     def _engine_setup(self, uintptr_t worker_handle, loop, ready, double spin_s, bint cuda,
-                      status_error):
+                      status_error, others_ready=None):
         self._wh = worker_handle
         self._reqs = []
         self._probes = []
@@ -416,6 +417,7 @@ cdef class TagEngine:
         else:  # a loop with its own futures (uvloop...)
             self._create_future = loop.create_future
         self._ready = ready
+        self._others_ready = others_ready
         self._spin_s = spin_s
         self._cuda = cuda
         self._status_error = status_error
@@ -622,6 +624,38 @@ cdef class TagEngine:
         op.alloc = True
         return self._post_match(op, spin)
 
+    def exchange(self, uintptr_t ep, tuple st, uint64_t stag, object speers, bint fast,
+                 tuple rt, uint64_t rtag, object rpeers):
+        """One exchange with one peer in a single call: post the send of target ``st``
+        (tag ``stag``), then the matched-probe receive of the message tagged exactly
+        ``rtag`` into target ``rt``, waiting for it in place (``recv_into`` with
+        ``spin``). Two-rank collectives are one exchange each.
+
+        Returns ``None`` when both finished here and the message filled ``rt``
+        exactly, else ``(send, receive)``: the send's future or None, and the receive's
+        ``(sender_tag, nbytes, capacity)`` or future (the caller waits for those and
+        checks the size).
+        """
+        cdef void *req = NULL
+        cdef size_t n = st[1]
+        self._check(speers)
+        cdef int rc = ucxcomm_tag_send(ep, <const void *><uintptr_t>st[0], n, stag,
+                                       fast and n < FAST_SEND_MAX, &req)
+        sent = self._polled_op(rc, req, st[2], speers, "send", False)
+        cdef Op op = Op.__new__(Op)
+        op.peers = rpeers
+        op.tag = rtag
+        op.mask = FULL_MASK
+        op.ptr = <uintptr_t>rt[0]
+        op.cap = <size_t>rt[1]
+        op.keep = rt[2]
+        op.device = rt[3]
+        op.has_ptr = True
+        got = self._post_match(op, True)
+        if sent is None and type(got) is tuple and op.length == op.cap:
+            return None
+        return sent, got
+
     cdef object _post_match(self, Op op, bint spin):
         # Only receives that could match the same message must keep their order; with no
         # earlier one pending, probe now (a message already here keeps the truncation
@@ -687,16 +721,31 @@ cdef class TagEngine:
         to run, at most the spin time (the policy of ucxcomm.transport.progress; only
         called when no earlier receive is pending, so matching order is kept)."""
         ready = self._ready
-        if self._spin_s <= 0 or self._closed or ready is None or len(ready):
+        if self._spin_s <= 0 or self._closed or ready is None or self._others(ready):
             return False
         cdef double end = _now() + self._spin_s
-        while not len(ready) and _now() < end:
+        cdef Py_ssize_t seen = len(ready), n
+        while _now() < end:
+            n = len(ready)
+            if n != seen:  # (only the policy's own wake-ups were there before)
+                if self._others(ready):
+                    break
+                seen = n
             ucxcomm_progress(self._wh)
             if self._try_match(op):
                 return True
             if self._reqs:
                 self._poll_reqs()  # others' requests complete meanwhile
         return False
+
+    cdef inline bint _others(self, object ready) except -1:
+        """Whether a callback other than the progress policy's own wake-ups is ready
+        (Progress.others_ready: those are no reason to stop spinning)."""
+        if not len(ready):
+            return False
+        if self._others_ready is None:
+            return True
+        return bool(self._others_ready())
 
     cdef object _result(self, Op op):
         if op.alloc:

@@ -55,6 +55,8 @@ class _Owner(Protocol):
     def send_raw(self, ep_handle: int, target: Target, tag: int, peers: Peers,
                  fast: bool = False) -> asyncio.Future | None: ...
     def send_ptr(self, obj: Any) -> Target: ...
+    def exchange(self, ep_handle: int, send: Target, stag: int, speers: Peers, fast: bool,
+                 recv: Target, rtag: int, rpeers: Peers) -> Any: ...
     def recv_ptr(self, obj: Any) -> Target: ...
     def recv_into(self, target: Target, tag: int, mask: int, peers: Peers,
                   finish: Callable[[RecvResult], Any] | None = None,
@@ -145,6 +147,14 @@ class Endpoint(Link):
         if self._closed:
             raise ClosedError("the endpoint is closed")
         return self._worker.send_raw(self._handle, target, tag, self._peers, self._fast)
+
+    def exchange(self, send: tuple[Any, int, Any, bool], stag: int,
+                 recv: tuple[Any, int, Any, bool], rtag: int, rpeers: Any) -> Any:
+        """See :meth:`Link.exchange` (one crossing into the compiled engine)."""
+        if self._closed:
+            raise ClosedError("the endpoint is closed")
+        return self._worker.exchange(self._handle, send, stag, self._peers, self._fast,
+                                     recv, rtag, rpeers)
 
     def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:
         """The peer's registered memory (``rkey``, ``address`` and ``nbytes`` from its

@@ -77,7 +77,7 @@ PEER_GRACE_S = 0.05
 #: Methods of the compiled engine bound onto every Worker instance (they shadow the
 #: documented methods below, which say what each does): the hot paths cost one call
 #: into compiled code, not a Python frame plus one.
-_ENGINE_METHODS = ("send", "send_raw", "send_ptr", "recv_ptr", "subtarget", "tag_recv",
+_ENGINE_METHODS = ("send", "send_raw", "exchange", "send_ptr", "recv_ptr", "subtarget", "tag_recv",
                    "recv_into", "recv_alloc", "probe", "probe_wait", "cancel",
                    "stream_send", "stream_recv", "pending", "poll")
 
@@ -128,7 +128,8 @@ class Worker(Transport):
         self._progress = Progress(self._loop, spin_us * 1e-6, on_cancel=self.abort)
         eng = self._eng = _ucx.ucp.TagEngine()
         eng._engine_setup(self._worker.handle, self._loop, self._progress.ready,
-                          self._progress.spin_s, self._cuda, _ucx.status_error)
+                          self._progress.spin_s, self._cuda, _ucx.status_error,
+                          self._progress.others_ready)
         for name in _ENGINE_METHODS:
             setattr(self, name, getattr(eng, name))
         self.wake = self._progress.kick  # type: ignore[method-assign]  # (per message)
@@ -310,6 +311,15 @@ class Worker(Transport):
         """Like :meth:`send` for a target from :meth:`send_ptr`."""
         return self._eng.send_raw(  # type: ignore[no-any-return]
             ep_handle, target, tag, peers, fast)
+
+    def exchange(self, ep_handle: int, send: Target, stag: int, speers: Peers, fast: bool,
+                 recv: Target, rtag: int, rpeers: Peers) -> Any:
+        """One exchange with one peer in one call: send ``send`` (tag ``stag``), then
+        receive the message tagged exactly ``rtag`` into ``recv``, waiting for it in
+        place (as :meth:`recv_into` with ``spin``). ``None`` when both finished and
+        the message filled ``recv`` exactly; else ``(send future or None, receive
+        result or future)`` for the caller to wait for and check."""
+        return self._eng.exchange(ep_handle, send, stag, speers, fast, recv, rtag, rpeers)
 
     def tag_recv(self, target: Target, tag: int, mask: int = FULL_MASK,
                  peers: Peers = None) -> asyncio.Future | None:
