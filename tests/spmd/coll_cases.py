@@ -610,5 +610,83 @@ async def small_paths_match_general(comm):
             await same_everywhere(comm, pairs[0][1], ("allreduce small", dtype, n))
 
 
+
+@case
+async def two_rank_compiled_allreduce(comm):
+    """Two ranks, small SUM of 32/64-bit numbers: one call into compiled code (exchange
+    and reduction). Its results equal numpy's (integers wrap, inf/nan propagate), bit
+    for bit on both ranks, for shapes, IN_PLACE and every such dtype; a call whose peer
+    is late finishes through the awaitable; and a rank whose arguments the compiled
+    path does not serve (an unaligned view: the Python path) interoperates with a peer
+    that took it (same messages and tags)."""
+    assert comm.size == 2
+    r = comm.rank
+    for dtype in (np.float32, np.float64, np.int32, np.int64, np.uint32, np.uint64):
+        info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else np.finfo(dtype)
+        for shape in ((1,), (5,), (3, 4)):
+            mine = inp(r, int(np.prod(shape)), dtype).reshape(shape)
+            theirs = inp(1 - r, int(np.prod(shape)), dtype).reshape(shape)
+            mine.flat[0] = info.max  # wraps (integers) or overflows to inf (floats)
+            theirs.flat[0] = info.max
+            if np.dtype(dtype).kind == "f":
+                (mine if r == 0 else theirs).flat[-1] = np.nan
+            with np.errstate(over="ignore"):
+                want = (mine + theirs) if r == 0 else (theirs + mine)
+            out = np.empty_like(mine)
+            await comm.Allreduce(mine, out)
+            assert np.array_equal(out, want, equal_nan=True), (dtype, shape, out, want)
+            await same_everywhere(comm, out, ("compiled", dtype, shape))
+            buf = mine.copy()
+            await comm.Allreduce(IN_PLACE, buf)
+            assert np.array_equal(buf, want, equal_nan=True), (dtype, shape, "in place")
+    assert type(comm._coll._pair_ar).__name__ == "PairAllreduce", comm._coll._pair_ar
+    # The peer is late: this rank's call waits (its awaitable finishes the call).
+    for late in (0, 1):
+        if r == late:
+            await asyncio.sleep(0.2)
+        out = np.empty(4, np.float64)
+        await comm.Allreduce(np.full(4, r + 1.0), out)
+        assert (out == 3.0).all(), (late, out)
+    # Rank 0's buffers are unaligned views (the Python path), rank 1's are not.
+    for _ in range(3):
+        if r == 0:
+            raw = np.zeros(8 * 4 + 1, np.uint8)
+            send = raw[1:].view(np.float64)
+            out = np.zeros(8 * 4 + 1, np.uint8)[1:].view(np.float64)
+            send[:] = 1.5
+        else:
+            send, out = np.full(4, 2.0), np.empty(4)
+        await comm.Allreduce(send, out)
+        assert (out == 3.5).all(), (r, out)
+    # Many in a row, then a different op and dtype on the same communicator.
+    acc = np.zeros(1, np.int64)
+    for i in range(2000):
+        await comm.Allreduce(np.array([i + r], np.int64), acc)
+        assert acc[0] == 2 * i + 1, (i, acc)
+    await comm.Allreduce(np.array([r], np.int16), res := np.empty(1, np.int16), ucxcomm.MAX)
+    assert res[0] == 1
+
+
+@case
+async def closed_two_rank_allreduce(comm):
+    """After close, a two-rank Allreduce raises ClosedError at once, on a communicator
+    whose compiled path already ran and on one where it never did."""
+    assert comm.size == 2
+    used = await comm.dup()
+    unused = await comm.dup()
+    out = np.empty(1)
+    await used.Allreduce(np.ones(1), out)
+    assert out[0] == 2.0
+    for sub in (used, unused):
+        await sub.close()
+        try:
+            await asyncio.wait_for(sub.Allreduce(np.ones(1), out), 10)
+        except ucxcomm.ClosedError:
+            pass
+        else:
+            raise AssertionError("Allreduce on a closed communicator did not raise")
+    await comm.barrier()
+
+
 if __name__ == "__main__":
     cases.main()

@@ -28,7 +28,7 @@ from .algorithms import Buf, Chan, binomial
 from .group import with_timeout
 from .ops import MAX, MIN, SUM, Op
 from .request import Request
-from .small import SmallCollectives, small_ok
+from .small import DONE, SmallCollectives, small_ok
 from .tags import KIND_COLL, make_tag
 
 if TYPE_CHECKING:
@@ -139,8 +139,8 @@ class Collectives:
     :class:`~ucxcomm.Request`.
     """
 
-    __slots__ = ("_check_open", "_group", "_next_seq", "_rd_scratch", "_small", "_transport",
-                 "rank", "size")
+    __slots__ = ("_check_open", "_group", "_next_seq", "_pair_ar", "_rd_scratch", "_small",
+                 "_transport", "rank", "size")
 
     def __init__(self, group: Group) -> None:
         self._group = group
@@ -152,6 +152,8 @@ class Collectives:
         # Scratch of the small-Allreduce path: (dtype, shape, array, target) or None.
         self._rd_scratch: tuple[Any, Any, Any, Any] | None = None
         self._small = SmallCollectives(group)
+        # Two ranks: the compiled small Allreduce, made by the first Allreduce.
+        self._pair_ar: Any = self._first_pair_allreduce if self.size == 2 else None
 
     def _small_chan(self, what: str) -> Chan:
         """A channel for a small-message path of collective ``what`` (arguments already
@@ -258,8 +260,22 @@ class Collectives:
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
         """Element-wise reduction of every rank's ``sendbuf``, result in every rank's
         ``recvbuf`` (bit-identical everywhere). Recursive doubling for small messages,
-        ring reduce-scatter + allgather (segmented) for large ones."""
+        ring reduce-scatter + allgather (segmented) for large ones. Two ranks, small
+        host arrays, SUM of 32/64-bit numbers: one call into compiled code (exchange and
+        reduction; ``DONE`` is returned when it finished there)."""
+        pair = self._pair_ar
+        if pair is not None:
+            rest = pair(sendbuf, recvbuf, op)
+            if rest is not None:
+                return rest if rest is DONE else self._small.pair_rest(rest, sendbuf, recvbuf)
         return self._allreduce(sendbuf, recvbuf, op, True)
+
+    def _first_pair_allreduce(self, sendbuf: Any, recvbuf: Any, op: Op) -> Any:
+        """:attr:`_pair_ar` until the first call makes the compiled one."""
+        if self._group.closed or self._group.world.closed:
+            return None  # (the general path raises)
+        self._pair_ar = self._small.pair_allreduce(IN_PLACE)
+        return self._pair_ar(sendbuf, recvbuf, op)
 
     def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Op, now: bool) -> Awaitable[None]:
         """:meth:`Allreduce`; ``now``: the caller awaits the result at once (a small

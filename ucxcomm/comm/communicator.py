@@ -24,6 +24,7 @@ from .group import Group, check_int, check_timeout, with_timeout
 from .ops import SUM, Op
 from .pool import FramePool
 from .request import Request, Status
+from .small import DONE
 from .tags import _SRC_MASK, _SRC_SHIFT, _TAG_MASK, ANY_SOURCE, ANY_TAG, KIND_P2P, TAG_UB, split_tag
 
 if TYPE_CHECKING:  # annotations only: importing ucxcomm must not load the transport
@@ -571,7 +572,9 @@ class Comm:
 
     @_doc(Collectives.Allreduce)
     async def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
-        await self._coll.Allreduce(sendbuf, recvbuf, op)
+        res = self._coll.Allreduce(sendbuf, recvbuf, op)
+        if res is not DONE:  # (finished inside the call: nothing to await)
+            await res
 
     @_doc(Collectives.Iallreduce)
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ClosedError, TruncationError
+from . import algorithms as alg
 from .algorithms import Chan, _whole
+from .ops import SUM
 from .tags import KIND_COLL, make_tag
 
 if TYPE_CHECKING:
@@ -49,6 +51,19 @@ class _Done:
 DONE = _Done()
 
 
+#: The reductions the compiled two-rank Allreduce does itself: (dtype kind, itemsize)
+#: -> its kernel (SUM; native byte order only).
+_NATIVE_SUM = {("f", 4): 1, ("f", 8): 2, ("i", 4): 3, ("u", 4): 3, ("i", 8): 4, ("u", 8): 4}
+
+
+def native_kernel(op: Any, dtype: Any) -> tuple[int, int]:
+    """``(kernel, itemsize)`` of the compiled two-rank Allreduce for ``op`` on
+    ``dtype``; kernel 0: not served there (the Python paths take the call)."""
+    if op is not SUM or not dtype.isnative:
+        return 0, 1
+    return _NATIVE_SUM.get((dtype.kind, dtype.itemsize), 0), dtype.itemsize
+
+
 def small_ok(*arrays: Any) -> bool:
     """All ``arrays`` are C-contiguous numpy arrays of plain data (the only kind these
     paths take; the general path gives the errors for the others)."""
@@ -73,6 +88,32 @@ class SmallCollectives:
         # (a call ORs its sequence number in, as Chan's make_tag does).
         self._stag0 = make_tag(group.cid, KIND_COLL, group.rank, 0)
         self._rtag0 = make_tag(group.cid, KIND_COLL, 1 - group.rank, 0) if group.size == 2 else 0
+
+    def pair_allreduce(self, in_place: Any) -> Any:
+        """The compiled two-rank small Allreduce of this communicator (see
+        ``Link.pair_allreduce``): ``(send, recv, op) -> None | DONE | rest``, ``rest``
+        for :meth:`pair_rest`. Made on first use (it needs the peer's endpoint)."""
+        g = self._group
+        peer = 1 - self.rank
+        ep = g.eps[peer]
+        if ep is None:
+            ep = g.endpoint(peer)
+        return ep.pair_allreduce(
+            self._stag0, self._rtag0, self.rank == 0, g.peers_all, ndarray=np.ndarray,
+            in_place=in_place, done=DONE, next_seq=g.next_seq, check_open=g.check_open,
+            native=native_kernel, tuning=alg.TUNING, ring_key="allreduce_ring_min",
+            small_max=SMALL_MAX)
+
+    async def pair_rest(self, rest: tuple[Any, Any, int, bytearray], send: Any,
+                        recv: np.ndarray) -> None:
+        """Finish a compiled two-rank Allreduce whose exchange had to wait: ``rest`` is
+        ``(send future or None, receive result or future, sequence number, scratch)``
+        (the scratch holds the peer's message once the receive is done)."""
+        sent, got, seq, scratch = rest
+        src = recv if type(send) is not np.ndarray else send  # (IN_PLACE)
+        tmp = np.frombuffer(scratch, recv.dtype, recv.size).reshape(recv.shape)
+        await self._allreduce_rest(Chan(self._group, seq, "Allreduce"), (sent, got), src,
+                                   recv, np.add, (tmp, None), False)
 
     def usable(self, nbytes: int) -> bool:
         return 1 < self.size <= SMALL_MAX_RANKS and nbytes <= SMALL_MAX
@@ -237,7 +278,7 @@ class SmallCollectives:
                           self._rtag0 | seq, g.peers_all)
         if res is not None:
             return self._allreduce_rest(Chan(g, seq, "Allreduce"), res, send, recv, ufunc,
-                                        cached)
+                                        cached, True)
         if self.rank == 0:
             ufunc(send, cached[0], out=recv)
         else:
@@ -247,9 +288,10 @@ class SmallCollectives:
 
     async def _allreduce_rest(self, ch: Chan, res: tuple[Any, Any], send: np.ndarray,
                               recv: np.ndarray, ufunc: Any,
-                              cached: tuple[np.ndarray, Any]) -> None:
+                              cached: tuple[np.ndarray, Any], reuse: bool) -> None:
         """The rest of :meth:`allreduce_now` when its exchange has to wait (or the
-        message did not fit): as :meth:`_allreduce_pair` from its wait on."""
+        message did not fit): as :meth:`_allreduce_pair` from its wait on. ``reuse``:
+        put ``cached`` (scratch, receive target) back for later calls."""
         sent, got = res
         if sent is not None:
             ch.sends.append(sent)
@@ -267,7 +309,8 @@ class SmallCollectives:
             ufunc(send, tmp, out=recv)
         else:
             ufunc(tmp, send, out=recv)
-        self._pair[(send.dtype, send.shape)] = cached
+        if reuse:
+            self._pair[(send.dtype, send.shape)] = cached
 
     def _pair_scratch(self, dtype: Any, shape: Any) -> tuple[np.ndarray, Any]:
         """Scratch of ``shape`` and its receive target (reused: put it back in

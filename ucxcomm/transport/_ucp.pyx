@@ -19,7 +19,8 @@ extension links ``libucp`` by soname). The declarations below mirror ``csrc/ucxc
 the C compiler checks them against it.
 """
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release,
+                             PyObject_GetBuffer)
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, memmove
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
@@ -636,12 +637,6 @@ cdef class TagEngine:
         ``(sender_tag, nbytes, capacity)`` or future (the caller waits for those and
         checks the size).
         """
-        cdef void *req = NULL
-        cdef size_t n = st[1]
-        self._check(speers)
-        cdef int rc = ucxcomm_tag_send(ep, <const void *><uintptr_t>st[0], n, stag,
-                                       fast and n < FAST_SEND_MAX, &req)
-        sent = self._polled_op(rc, req, st[2], speers, "send", False)
         cdef Op op = Op.__new__(Op)
         op.peers = rpeers
         op.tag = rtag
@@ -651,10 +646,27 @@ cdef class TagEngine:
         op.keep = rt[2]
         op.device = rt[3]
         op.has_ptr = True
-        got = self._post_match(op, True)
-        if sent is None and type(got) is tuple and op.length == op.cap:
+        res = self._exchange(ep, <uintptr_t>st[0], <size_t>st[1], st[2], stag, speers, fast,
+                             op)
+        if res[0] is None and type(res[1]) is tuple and op.length == op.cap:
             return None
-        return sent, got
+        return res
+
+    def pair_allreduce(self, ep, speers, rpeers, bint first, uint64_t stag0,
+                       uint64_t rtag0, **hooks):
+        """A :class:`PairAllreduce` over endpoint ``ep`` (a two-rank communicator's)."""
+        return PairAllreduce(self, ep, speers, rpeers, first, stag0, rtag0, **hooks)
+
+    cdef tuple _exchange(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
+                         uint64_t stag, object speers, bint fast, Op op):
+        """:meth:`exchange` from a send buffer and a prepared receive: ``(send future or
+        None, receive result or future)``."""
+        cdef void *req = NULL
+        self._check(speers)
+        cdef int rc = ucxcomm_tag_send(ep, <const void *>ptr, n, stag,
+                                       fast and n < FAST_SEND_MAX, &req)
+        sent = self._polled_op(rc, req, keep, speers, "send", False)
+        return sent, self._post_match(op, True)
 
     cdef object _post_match(self, Op op, bint spin):
         # Only receives that could match the same message must keep their order; with no
@@ -1355,3 +1367,148 @@ def rma_atomic(uintptr_t eng, uintptr_t ep, int opcode, size_t size, bint signed
     if st < 0:
         _raise_status(st, "atomic")
     return _word_value(&r.reply, size, signed) if fetch else None
+
+
+# ====================================================================== two-rank Allreduce
+cdef void _sum_pair(int kind, bint first, const char *mine, const char *theirs, char *out,
+                    Py_ssize_t nbytes) noexcept nogil:
+    """``out = a + b`` element-wise, ``a`` rank 0's operand and ``b`` rank 1's (the same
+    order on both ranks: bit-identical results). Integers wrap like numpy's."""
+    cdef const char *a = mine if first else theirs
+    cdef const char *b = theirs if first else mine
+    cdef Py_ssize_t i
+    if kind == 1:
+        for i in range(nbytes // 4):
+            (<float *>out)[i] = (<const float *>a)[i] + (<const float *>b)[i]
+    elif kind == 2:
+        for i in range(nbytes // 8):
+            (<double *>out)[i] = (<const double *>a)[i] + (<const double *>b)[i]
+    elif kind == 3:
+        for i in range(nbytes // 4):
+            (<uint32_t *>out)[i] = (<const uint32_t *>a)[i] + (<const uint32_t *>b)[i]
+    elif kind == 4:
+        for i in range(nbytes // 8):
+            (<uint64_t *>out)[i] = (<const uint64_t *>a)[i] + (<const uint64_t *>b)[i]
+
+
+cdef class PairAllreduce:
+    """A two-rank communicator's small ``Allreduce`` in one call into compiled code
+    (built by ``Endpoint.pair_allreduce`` for :mod:`ucxcomm.comm.small`).
+
+    A call takes C-contiguous, aligned numpy arrays of one native numeric dtype and
+    shape, reduced with an op the communicator layer's ``native`` hook maps to a kernel
+    here (SUM of 32/64-bit floats and integers); anything else returns ``None`` at once,
+    untouched, for the general path. Otherwise it checks the communicator is open,
+    takes the call's sequence number, sends this rank's buffer and waits for the peer's
+    message in place (:meth:`TagEngine.exchange`, same tags as the Python path, so the
+    peer may run either), reduces into ``recv`` and returns ``done``. When the exchange
+    must wait (or the message was not the expected size) it returns ``(send future or
+    None, receive result or future, sequence number, scratch)`` and gives the scratch
+    (a bytearray holding the peer's message) to the caller, which finishes the call.
+    """
+
+    cdef TagEngine eng
+    cdef object ep            # the Endpoint (its _closed, _handle, _fast)
+    cdef object speers, rpeers
+    cdef bint first           # this rank's operand goes on the left (rank 0)
+    cdef uint64_t stag0, rtag0
+    cdef object ndarray, in_place, done, next_seq, check_open, native, tuning, ring_key
+    cdef Py_ssize_t small_max
+    cdef object last_op, last_dt
+    cdef int last_kind
+    cdef Py_ssize_t last_size
+    cdef object scratch       # bytearray(small_max), None after a hand-off
+    cdef BufRef scratch_ref
+
+    def __init__(self, TagEngine eng, ep, speers, rpeers, bint first, uint64_t stag0,
+                 uint64_t rtag0, *, ndarray, in_place, done, next_seq, check_open, native,
+                 tuning, ring_key, Py_ssize_t small_max):
+        self.eng = eng
+        self.ep = ep
+        self.speers = speers
+        self.rpeers = rpeers
+        self.first = first
+        self.stag0 = stag0
+        self.rtag0 = rtag0
+        self.ndarray = ndarray
+        self.in_place = in_place
+        self.done = done
+        self.next_seq = next_seq
+        self.check_open = check_open
+        self.native = native
+        self.tuning = tuning
+        self.ring_key = ring_key
+        self.small_max = small_max
+
+    def __call__(self, send, recv, op):
+        cdef Py_buffer rv
+        cdef int i
+        cdef BufRef sref
+        cdef Op rop
+        cdef tuple res
+        if type(recv) is not self.ndarray:
+            return None
+        if send is self.in_place:
+            send = recv
+        elif type(send) is not self.ndarray:
+            return None
+        dt = recv.dtype
+        if op is not self.last_op or dt is not self.last_dt:
+            kind, size = self.native(op, dt)
+            self.last_kind = kind
+            self.last_size = size
+            self.last_op = op
+            self.last_dt = dt
+        if self.last_kind == 0 or (send is not recv and send.dtype is not dt):
+            return None
+        ep = self.ep
+        if ep._closed:
+            return None
+        try:
+            PyObject_GetBuffer(recv, &rv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+        except (BufferError, TypeError, ValueError):
+            return None
+        try:
+            if (rv.len > self.small_max or rv.len >= self.tuning[self.ring_key]
+                    or <uintptr_t>rv.buf % <uintptr_t>self.last_size):
+                return None
+            sref = BufRef.__new__(BufRef)
+            try:
+                PyObject_GetBuffer(send, &sref.view, PyBUF_C_CONTIGUOUS)
+            except (BufferError, TypeError, ValueError):
+                return None
+            sref.held = True
+            if (sref.view.len != rv.len or sref.view.ndim != rv.ndim
+                    or <uintptr_t>sref.view.buf % <uintptr_t>self.last_size):
+                return None
+            for i in range(rv.ndim):
+                if sref.view.shape[i] != rv.shape[i]:
+                    return None
+            self.check_open()
+            seq = self.next_seq()
+            if self.scratch is None:
+                self.scratch = bytearray(self.small_max)
+                self.scratch_ref = BufRef.__new__(BufRef)
+                PyObject_GetBuffer(self.scratch, &self.scratch_ref.view, PyBUF_WRITABLE)
+                self.scratch_ref.held = True
+            rop = Op.__new__(Op)
+            rop.peers = self.rpeers
+            rop.tag = self.rtag0 | <uint64_t>seq
+            rop.mask = FULL_MASK
+            rop.ptr = <uintptr_t>self.scratch_ref.view.buf
+            rop.cap = <size_t>rv.len
+            rop.keep = self.scratch_ref
+            rop.has_ptr = True
+            res = self.eng._exchange(<uintptr_t>ep._handle, <uintptr_t>sref.view.buf,
+                                     <size_t>rv.len, sref, self.stag0 | <uint64_t>seq,
+                                     self.speers, bool(ep._fast), rop)
+            if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
+                _sum_pair(self.last_kind, self.first, <const char *>sref.view.buf,
+                          <const char *>rop.ptr, <char *>rv.buf, rv.len)
+                return self.done
+            out = (res[0], res[1], seq, self.scratch)
+            self.scratch = None  # the caller's now (the receive may still write it)
+            self.scratch_ref = None
+            return out
+        finally:
+            PyBuffer_Release(&rv)

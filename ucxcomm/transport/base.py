@@ -69,6 +69,21 @@ class Link(ABC):
         receive result or future)`` (see ``Worker.exchange``)."""
 
     @abstractmethod
+    def pair_allreduce(self, stag0: int, rtag0: int, first: bool, rpeers: Any,
+                       **hooks: Any) -> Any:
+        """A callable ``(send, recv, op)`` running a two-rank communicator's small
+        ``Allreduce`` in one call into compiled code: the exchange of :meth:`exchange`
+        with tags ``stag0 | seq`` / ``rtag0 | seq``, then the reduction (``first``:
+        this rank's operand on the left). ``hooks`` (keywords) come from the
+        communicator layer: ``ndarray`` (the array type taken), ``in_place`` (the
+        IN_PLACE marker), ``done`` (returned by a finished call), ``next_seq`` and
+        ``check_open`` (the communicator's), ``native(op, dtype) -> (kernel, itemsize)``
+        (kernel 0: not served), ``tuning`` and ``ring_key`` (the largest size is below
+        ``tuning[ring_key]``), ``small_max``. A call returns None for what it does not
+        serve (nothing done), ``done``, or ``(send future or None, receive result or
+        future, sequence number, scratch)`` for the caller to finish."""
+
+    @abstractmethod
     def transports(self) -> list[tuple[str, str]]:
         """The (transport, device) lanes UCX chose, e.g. ``[("posix", "memory")]``."""
 
