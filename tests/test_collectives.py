@@ -34,7 +34,8 @@ def test_mismatched_sizes_named():
     run_case(COLL_CASES, "mismatched_sizes_named", 2)
 
 
-@pytest.mark.parametrize("name", ["two_rank_compiled_allreduce", "closed_two_rank_allreduce"])
+@pytest.mark.parametrize("name", ["two_rank_compiled_allreduce", "two_rank_compiled_others",
+                                  "closed_two_rank_allreduce"])
 def test_two_rank_compiled_allreduce(name):
     run_case(COLL_CASES, name, 2)
 

@@ -639,7 +639,7 @@ async def two_rank_compiled_allreduce(comm):
             buf = mine.copy()
             await comm.Allreduce(IN_PLACE, buf)
             assert np.array_equal(buf, want, equal_nan=True), (dtype, shape, "in place")
-    assert type(comm._coll._pair_ar).__name__ == "PairAllreduce", comm._coll._pair_ar
+    assert type(comm._coll._pair).__name__ == "PairCollectives", comm._coll._pair
     # The peer is late: this rank's call waits (its awaitable finishes the call).
     for late in (0, 1):
         if r == late:
@@ -665,6 +665,59 @@ async def two_rank_compiled_allreduce(comm):
         assert acc[0] == 2 * i + 1, (i, acc)
     await comm.Allreduce(np.array([r], np.int16), res := np.empty(1, np.int16), ucxcomm.MAX)
     assert res[0] == 1
+
+
+
+@case
+async def two_rank_compiled_others(comm):
+    """Two ranks: Bcast, Allgather, Alltoall and Reduce_scatter_block of small host
+    arrays are one compiled call each. Results against numpy for several dtypes (any
+    plain dtype for the copies, SUM of 32/64-bit numbers for the reduction), with a
+    late peer (the awaitable finishes the call), and against a peer whose arguments
+    take the Python path (Fortran order: same messages and tags)."""
+    assert comm.size == 2
+    r = comm.rank
+    for dtype in (np.float32, np.int64, np.int8, np.complex128):
+        for n in (1, 6):
+            for late in (None, 0, 1):
+                if r == late:
+                    await asyncio.sleep(0.1)
+                x = inp(r, 2 * n, dtype)
+                # Bcast from each root
+                for root in (0, 1):
+                    b = x.copy() if r == root else np.zeros_like(x)
+                    await comm.Bcast(b, root)
+                    check(b, inp(root, 2 * n, dtype), ("bcast", dtype, n, late, root))
+                # Allgather
+                out = np.empty(2 * n, dtype)
+                await comm.Allgather(x[:n].copy(), out)
+                check(out, np.concatenate([inp(q, 2 * n, dtype)[:n] for q in (0, 1)]),
+                      ("allgather", dtype, n, late))
+                # Alltoall
+                out = np.empty(2 * n, dtype)
+                await comm.Alltoall(x, out)
+                want = np.concatenate([inp(q, 2 * n, dtype)[r * n:(r + 1) * n]
+                                       for q in (0, 1)])
+                check(out, want, ("alltoall", dtype, n, late))
+                # Reduce_scatter_block (recv longer than a block: the result is its start)
+                out = np.full(n + 1, 7, dtype)
+                await comm.Reduce_scatter_block(x, out)
+                want = reference(ucxcomm.SUM, [inp(q, 2 * n, dtype)[r * n:(r + 1) * n]
+                                               for q in (0, 1)])
+                check(out[:n], want, ("reduce_scatter_block", dtype, n, late))
+                assert out[n] == 7, ("reduce_scatter_block wrote past its block", out)
+    assert type(comm._coll._pair).__name__ == "PairCollectives", comm._coll._pair
+    # Rank 0 passes Fortran-ordered 2-D arrays (the general path), rank 1 flat ones.
+    def shaped(a):
+        return np.asfortranarray(a.reshape(2, -1)) if r == 0 else a
+
+    b = shaped(inp(1, 4, np.float64) if r == 1 else np.zeros(4))
+    await comm.Bcast(b, 1)
+    check(np.ravel(b, order="K"), inp(1, 4, np.float64), "mixed bcast")
+    out = shaped(np.zeros(8))
+    await comm.Allgather(inp(r, 4, np.float64), out)
+    check(np.ravel(out, order="K"), np.concatenate([inp(q, 4, np.float64) for q in (0, 1)]),
+          "mixed allgather")
 
 
 @case

@@ -52,6 +52,8 @@ class _InPlace:
 
 IN_PLACE = _InPlace()
 
+_UNMADE = object()  # Collectives._pair before the first call makes it
+
 _checked_ops: dict[tuple[str, Any], bool] = {}
 _fast_ufuncs: dict[tuple[Op, Any], Any] = {}
 
@@ -139,7 +141,7 @@ class Collectives:
     :class:`~ucxcomm.Request`.
     """
 
-    __slots__ = ("_check_open", "_group", "_next_seq", "_pair_ar", "_rd_scratch", "_small",
+    __slots__ = ("_check_open", "_group", "_next_seq", "_pair", "_pair_ar", "_rd_scratch", "_small",
                  "_transport", "rank", "size")
 
     def __init__(self, group: Group) -> None:
@@ -152,7 +154,9 @@ class Collectives:
         # Scratch of the small-Allreduce path: (dtype, shape, array, target) or None.
         self._rd_scratch: tuple[Any, Any, Any, Any] | None = None
         self._small = SmallCollectives(group)
-        # Two ranks: the compiled small Allreduce, made by the first Allreduce.
+        # Two ranks: the compiled small collectives (made by the first call) and their
+        # Allreduce (before that, the method that makes them).
+        self._pair: Any = _UNMADE if self.size == 2 else None
         self._pair_ar: Any = self._first_pair_allreduce if self.size == 2 else None
 
     def _small_chan(self, what: str) -> Chan:
@@ -220,6 +224,14 @@ class Collectives:
     def Bcast(self, buf: Any, root: int = 0) -> Awaitable[None]:
         """Broadcast ``buf`` from ``root`` into ``buf`` on every rank (binomial tree,
         segmented for large messages)."""
+        pair = self._pair if self._pair is not _UNMADE else self._make_pair()
+        if pair is not None:
+            rest = pair.bcast(buf, root)
+            if rest is not None:
+                return rest if rest is DONE else self._small.pair_wait(rest, "Bcast")
+        return self._bcast(buf, root)
+
+    def _bcast(self, buf: Any, root: int) -> Awaitable[None]:
         root = self._group.check_peer(root, "root")
         if (small_ok(buf) and self._small.usable(buf.nbytes)
                 and (self.rank == root or buf.flags.writeable)):
@@ -230,7 +242,7 @@ class Collectives:
 
     def Ibcast(self, buf: Any, root: int = 0) -> Request:
         """Non-blocking :meth:`Bcast`."""
-        return self._request(self.Bcast(buf, root))
+        return self._request(self._bcast(buf, root))
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0
                ) -> Awaitable[None]:
@@ -271,11 +283,19 @@ class Collectives:
         return self._allreduce(sendbuf, recvbuf, op, True)
 
     def _first_pair_allreduce(self, sendbuf: Any, recvbuf: Any, op: Op) -> Any:
-        """:attr:`_pair_ar` until the first call makes the compiled one."""
+        """:attr:`_pair_ar` until the compiled two-rank collectives are made."""
+        pair = self._make_pair()
+        return None if pair is None else pair.allreduce(sendbuf, recvbuf, op)
+
+    def _make_pair(self) -> Any:
+        """The compiled two-rank collectives (``Link.pair_collectives``), made on the
+        first call that can use them (they need the peer's endpoint); None while the
+        communicator is closed (the general paths raise)."""
         if self._group.closed or self._group.world.closed:
-            return None  # (the general path raises)
-        self._pair_ar = self._small.pair_allreduce(IN_PLACE)
-        return self._pair_ar(sendbuf, recvbuf, op)
+            return None
+        pair = self._pair = self._small.pair_collectives(IN_PLACE)
+        self._pair_ar = pair.allreduce
+        return pair
 
     def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Op, now: bool) -> Awaitable[None]:
         """:meth:`Allreduce`; ``now``: the caller awaits the result at once (a small
@@ -450,6 +470,11 @@ class Collectives:
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> Awaitable[None]:
         """Every rank's ``sendbuf`` concatenated in rank order into every ``recvbuf``
         (ring, segmented; ``sendbuf=IN_PLACE``: the block is already in place)."""
+        pair = self._pair if self._pair is not _UNMADE else self._make_pair()
+        if pair is not None:
+            rest = pair.allgather(sendbuf, recvbuf)
+            if rest is not None:
+                return rest if rest is DONE else self._small.pair_wait(rest, "Allgather")
         return self._allgatherv(sendbuf, recvbuf, False)
 
     def Allgatherv(self, sendbuf: Any, recvspec: Any) -> Awaitable[None]:
@@ -504,6 +529,11 @@ class Collectives:
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> Awaitable[None]:
         """Block ``j`` of rank ``i``'s ``sendbuf`` lands in block ``i`` of rank ``j``'s
         ``recvbuf`` (pairwise exchange)."""
+        pair = self._pair if self._pair is not _UNMADE else self._make_pair()
+        if pair is not None:
+            rest = pair.alltoall(sendbuf, recvbuf)
+            if rest is not None:
+                return rest if rest is DONE else self._small.pair_wait(rest, "Alltoall")
         return self._alltoallv(sendbuf, recvbuf, False)
 
     def Alltoallv(self, sendspec: Any, recvspec: Any) -> Awaitable[None]:
@@ -565,6 +595,12 @@ class Collectives:
         """Reduce ``sendbuf`` (``size`` equal blocks) element-wise; rank ``i`` gets
         block ``i`` of the result (ring). ``sendbuf=IN_PLACE``: input from ``recvbuf``,
         result in its first block."""
+        pair = self._pair if self._pair is not _UNMADE else self._make_pair()
+        if pair is not None:
+            rest = pair.reduce_scatter_block(sendbuf, recvbuf, op)
+            if rest is not None:
+                return rest if rest is DONE else self._small.pair_rsb_rest(rest, sendbuf,
+                                                                           recvbuf)
         return self._reduce_scatter(sendbuf, recvbuf, None, op)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],

@@ -556,7 +556,9 @@ class Comm:
     # microbenchmark here, a tenth of the small-Allreduce path's own CPU time).
     @_doc(Collectives.Bcast)
     async def Bcast(self, buf: Any, root: int = 0) -> None:
-        await self._coll.Bcast(buf, root)
+        res = self._coll.Bcast(buf, root)
+        if res is not DONE:
+            await res
 
     @_doc(Collectives.Ibcast)
     def Ibcast(self, buf: Any, root: int = 0) -> Request:
@@ -614,7 +616,9 @@ class Comm:
 
     @_doc(Collectives.Allgather)
     async def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        await self._coll.Allgather(sendbuf, recvbuf)
+        res = self._coll.Allgather(sendbuf, recvbuf)
+        if res is not DONE:
+            await res
 
     @_doc(Collectives.Allgatherv)
     async def Allgatherv(self, sendbuf: Any, recvspec: Any) -> None:
@@ -630,7 +634,9 @@ class Comm:
 
     @_doc(Collectives.Alltoall)
     async def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        await self._coll.Alltoall(sendbuf, recvbuf)
+        res = self._coll.Alltoall(sendbuf, recvbuf)
+        if res is not DONE:
+            await res
 
     @_doc(Collectives.Alltoallv)
     async def Alltoallv(self, sendspec: Any, recvspec: Any) -> None:
@@ -646,7 +652,9 @@ class Comm:
 
     @_doc(Collectives.Reduce_scatter_block)
     async def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
-        await self._coll.Reduce_scatter_block(sendbuf, recvbuf, op)
+        res = self._coll.Reduce_scatter_block(sendbuf, recvbuf, op)
+        if res is not DONE:
+            await res
 
     @_doc(Collectives.Reduce_scatter)
     async def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],

@@ -89,31 +89,63 @@ class SmallCollectives:
         self._stag0 = make_tag(group.cid, KIND_COLL, group.rank, 0)
         self._rtag0 = make_tag(group.cid, KIND_COLL, 1 - group.rank, 0) if group.size == 2 else 0
 
-    def pair_allreduce(self, in_place: Any) -> Any:
-        """The compiled two-rank small Allreduce of this communicator (see
-        ``Link.pair_allreduce``): ``(send, recv, op) -> None | DONE | rest``, ``rest``
-        for :meth:`pair_rest`. Made on first use (it needs the peer's endpoint)."""
+    def pair_collectives(self, in_place: Any) -> Any:
+        """The compiled two-rank collectives of this communicator (see
+        ``Link.pair_collectives``): each method returns None (not served), DONE, or a
+        rest for :meth:`pair_rest`, :meth:`pair_rsb_rest` or :meth:`pair_wait`."""
         g = self._group
         peer = 1 - self.rank
         ep = g.eps[peer]
         if ep is None:
             ep = g.endpoint(peer)
-        return ep.pair_allreduce(
-            self._stag0, self._rtag0, self.rank == 0, g.peers_all, ndarray=np.ndarray,
+        return ep.pair_collectives(
+            self._stag0, self._rtag0, self.rank, g.peers_all, ndarray=np.ndarray,
             in_place=in_place, done=DONE, next_seq=g.next_seq, check_open=g.check_open,
             native=native_kernel, tuning=alg.TUNING, ring_key="allreduce_ring_min",
             small_max=SMALL_MAX)
 
+    async def pair_wait(self, rest: tuple[Any, Any, int, Any], what: str) -> None:
+        """Finish a compiled two-rank collective ``what`` that had to wait: ``rest`` is
+        ``(send future or None, receive result or future or None, sequence number,
+        scratch)``; a receive that overflowed raises TruncationError naming ``what``."""
+        sent, got, seq, _ = rest
+        ch = Chan(self._group, seq, what)
+        if sent is not None:
+            ch.sends.append(sent)
+        if type(got) is tuple:
+            try:
+                _whole(got)
+            except TruncationError as exc:
+                ch.failed()
+                raise ch._named(exc) from None
+        elif got is not None:
+            ch.recvs.append(got)
+        await self._finish(ch)
+
     async def pair_rest(self, rest: tuple[Any, Any, int, bytearray], send: Any,
                         recv: np.ndarray) -> None:
-        """Finish a compiled two-rank Allreduce whose exchange had to wait: ``rest`` is
-        ``(send future or None, receive result or future, sequence number, scratch)``
-        (the scratch holds the peer's message once the receive is done)."""
-        sent, got, seq, scratch = rest
+        """Finish a compiled two-rank Allreduce that had to wait (the scratch holds the
+        peer's message once the receive is done)."""
+        await self.pair_wait(rest, "Allreduce")
         src = recv if type(send) is not np.ndarray else send  # (IN_PLACE)
-        tmp = np.frombuffer(scratch, recv.dtype, recv.size).reshape(recv.shape)
-        await self._allreduce_rest(Chan(self._group, seq, "Allreduce"), (sent, got), src,
-                                   recv, np.add, (tmp, None), False)
+        tmp = np.frombuffer(rest[3], recv.dtype, recv.size).reshape(recv.shape)
+        if self.rank == 0:
+            np.add(src, tmp, out=recv)
+        else:
+            np.add(tmp, src, out=recv)
+
+    async def pair_rsb_rest(self, rest: tuple[Any, Any, int, bytearray], send: np.ndarray,
+                            recv: np.ndarray) -> None:
+        """Finish a compiled two-rank Reduce_scatter_block that had to wait."""
+        await self.pair_wait(rest, "Reduce_scatter_block")
+        n = send.size // 2
+        mine = send.reshape(-1)[self.rank * n:(self.rank + 1) * n]
+        tmp = np.frombuffer(rest[3], send.dtype, n)
+        out = recv.reshape(-1)[:n]
+        if self.rank == 0:
+            np.add(mine, tmp, out=out)
+        else:
+            np.add(tmp, mine, out=out)
 
     def usable(self, nbytes: int) -> bool:
         return 1 < self.size <= SMALL_MAX_RANKS and nbytes <= SMALL_MAX

@@ -652,10 +652,10 @@ cdef class TagEngine:
             return None
         return res
 
-    def pair_allreduce(self, ep, speers, rpeers, bint first, uint64_t stag0,
-                       uint64_t rtag0, **hooks):
-        """A :class:`PairAllreduce` over endpoint ``ep`` (a two-rank communicator's)."""
-        return PairAllreduce(self, ep, speers, rpeers, first, stag0, rtag0, **hooks)
+    def pair_collectives(self, ep, speers, rpeers, int rank, uint64_t stag0,
+                         uint64_t rtag0, **hooks):
+        """A :class:`PairCollectives` over endpoint ``ep`` (a two-rank communicator's)."""
+        return PairCollectives(self, ep, speers, rpeers, rank, stag0, rtag0, **hooks)
 
     cdef tuple _exchange(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
                          uint64_t stag, object speers, bint fast, Op op):
@@ -1391,43 +1391,49 @@ cdef void _sum_pair(int kind, bint first, const char *mine, const char *theirs, 
             (<uint64_t *>out)[i] = (<const uint64_t *>a)[i] + (<const uint64_t *>b)[i]
 
 
-cdef class PairAllreduce:
-    """A two-rank communicator's small ``Allreduce`` in one call into compiled code
-    (built by ``Endpoint.pair_allreduce`` for :mod:`ucxcomm.comm.small`).
+cdef class PairCollectives:
+    """A two-rank communicator's small collectives, each in one call into compiled code
+    (built by ``Endpoint.pair_collectives`` for :mod:`ucxcomm.comm.small`).
 
-    A call takes C-contiguous, aligned numpy arrays of one native numeric dtype and
-    shape, reduced with an op the communicator layer's ``native`` hook maps to a kernel
-    here (SUM of 32/64-bit floats and integers); anything else returns ``None`` at once,
-    untouched, for the general path. Otherwise it checks the communicator is open,
-    takes the call's sequence number, sends this rank's buffer and waits for the peer's
-    message in place (:meth:`TagEngine.exchange`, same tags as the Python path, so the
-    peer may run either), reduces into ``recv`` and returns ``done``. When the exchange
-    must wait (or the message was not the expected size) it returns ``(send future or
-    None, receive result or future, sequence number, scratch)`` and gives the scratch
-    (a bytearray holding the peer's message) to the caller, which finishes the call.
+    Every method takes C-contiguous numpy arrays of plain data up to ``small_max``
+    bytes per message and does what the Python two-rank paths do with the same
+    messages and tags (so the peer may run either): check the communicator is open,
+    take the call's sequence number, send this rank's message and wait for the peer's in
+    place (:meth:`TagEngine.exchange`), then copy or reduce. Reductions are those the
+    communicator layer's ``native`` hook maps to a kernel here (SUM of 32/64-bit floats
+    and integers, rank 0's operand on the left on both ranks).
+
+    A method returns ``None`` at once, having done nothing, for arguments it does not
+    serve (the general path takes them and raises its errors); ``done`` when the call
+    finished; otherwise ``(send future or None, receive result or future or None,
+    sequence number, scratch or None)`` for the caller to finish (a reduction's scratch,
+    a bytearray that will hold the peer's message, is then the caller's).
     """
 
     cdef TagEngine eng
     cdef object ep            # the Endpoint (its _closed, _handle, _fast)
     cdef object speers, rpeers
-    cdef bint first           # this rank's operand goes on the left (rank 0)
+    cdef bint first           # rank 0: this rank's operand goes on the left
+    cdef int rank
     cdef uint64_t stag0, rtag0
     cdef object ndarray, in_place, done, next_seq, check_open, native, tuning, ring_key
     cdef Py_ssize_t small_max
     cdef object last_op, last_dt
     cdef int last_kind
     cdef Py_ssize_t last_size
+    cdef object plain_dt      # the last dtype found to hold plain data
     cdef object scratch       # bytearray(small_max), None after a hand-off
     cdef BufRef scratch_ref
 
-    def __init__(self, TagEngine eng, ep, speers, rpeers, bint first, uint64_t stag0,
+    def __init__(self, TagEngine eng, ep, speers, rpeers, int rank, uint64_t stag0,
                  uint64_t rtag0, *, ndarray, in_place, done, next_seq, check_open, native,
                  tuning, ring_key, Py_ssize_t small_max):
         self.eng = eng
         self.ep = ep
         self.speers = speers
         self.rpeers = rpeers
-        self.first = first
+        self.rank = rank
+        self.first = rank == 0
         self.stag0 = stag0
         self.rtag0 = rtag0
         self.ndarray = ndarray
@@ -1440,12 +1446,75 @@ cdef class PairAllreduce:
         self.ring_key = ring_key
         self.small_max = small_max
 
-    def __call__(self, send, recv, op):
-        cdef Py_buffer rv
-        cdef int i
-        cdef BufRef sref
+    # ------------------------------------------------------------ helpers
+    cdef int _kernel(self, object op, object dt) except -1:
+        """The reduction kernel for ``op`` on ``dt`` (0: not served); sets last_size."""
+        if op is not self.last_op or dt is not self.last_dt:
+            kind, size = self.native(op, dt)
+            self.last_kind = kind
+            self.last_size = size
+            self.last_op = op
+            self.last_dt = dt
+        return self.last_kind
+
+    cdef bint _plain(self, object dt) except -1:
+        if dt is self.plain_dt:
+            return True
+        if dt.hasobject:
+            return False
+        self.plain_dt = dt
+        return True
+
+    cdef BufRef _view(self, object arr, int flags):
+        """A held export of ``arr`` (C-contiguous), or None when it has none."""
+        cdef BufRef ref = BufRef.__new__(BufRef)
+        try:
+            PyObject_GetBuffer(arr, &ref.view, flags | PyBUF_C_CONTIGUOUS)
+        except (BufferError, TypeError, ValueError):
+            return None
+        ref.held = True
+        return ref
+
+    cdef uintptr_t _scratch(self) except 0:
+        if self.scratch is None:
+            self.scratch = bytearray(self.small_max)
+            self.scratch_ref = BufRef.__new__(BufRef)
+            PyObject_GetBuffer(self.scratch, &self.scratch_ref.view, PyBUF_WRITABLE)
+            self.scratch_ref.held = True
+        return <uintptr_t>self.scratch_ref.view.buf
+
+    cdef object _hand_off(self, tuple res, object seq, bint scratch):
+        """What a call that must wait returns (the scratch becomes the caller's)."""
+        if not scratch:
+            return (res[0], res[1], seq, None)
+        out = (res[0], res[1], seq, self.scratch)
+        self.scratch = None  # (the receive may still write it)
+        self.scratch_ref = None
+        return out
+
+    cdef Op _recv_op(self, uintptr_t ptr, size_t cap, object keep, uint64_t seq):
+        cdef Op rop = Op.__new__(Op)
+        rop.peers = self.rpeers
+        rop.tag = self.rtag0 | seq
+        rop.mask = FULL_MASK
+        rop.ptr = ptr
+        rop.cap = cap
+        rop.keep = keep
+        rop.has_ptr = True
+        return rop
+
+    cdef tuple _exchange(self, BufRef sref, uintptr_t sptr, size_t sn, Op rop,
+                         uint64_t seq):
+        ep = self.ep
+        return self.eng._exchange(<uintptr_t>ep._handle, sptr, sn, sref,
+                                  self.stag0 | seq, self.speers, bool(ep._fast), rop)
+
+    # ------------------------------------------------------------ the collectives
+    def allreduce(self, send, recv, op):
+        """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
+        cdef BufRef rref, sref
         cdef Op rop
-        cdef tuple res
+        cdef int i
         if type(recv) is not self.ndarray:
             return None
         if send is self.in_place:
@@ -1453,62 +1522,154 @@ cdef class PairAllreduce:
         elif type(send) is not self.ndarray:
             return None
         dt = recv.dtype
-        if op is not self.last_op or dt is not self.last_dt:
-            kind, size = self.native(op, dt)
-            self.last_kind = kind
-            self.last_size = size
-            self.last_op = op
-            self.last_dt = dt
-        if self.last_kind == 0 or (send is not recv and send.dtype is not dt):
+        if self._kernel(op, dt) == 0 or (send is not recv and send.dtype is not dt):
             return None
-        ep = self.ep
-        if ep._closed:
+        if self.ep._closed:
             return None
-        try:
-            PyObject_GetBuffer(recv, &rv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
-        except (BufferError, TypeError, ValueError):
+        rref = self._view(recv, PyBUF_WRITABLE)
+        if rref is None:
             return None
-        try:
-            if (rv.len > self.small_max or rv.len >= self.tuning[self.ring_key]
-                    or <uintptr_t>rv.buf % <uintptr_t>self.last_size):
+        cdef Py_ssize_t n = rref.view.len
+        if (n > self.small_max or n >= self.tuning[self.ring_key]
+                or <uintptr_t>rref.view.buf % <uintptr_t>self.last_size):
+            return None
+        sref = self._view(send, PyBUF_SIMPLE)
+        if (sref is None or sref.view.len != n or sref.view.ndim != rref.view.ndim
+                or <uintptr_t>sref.view.buf % <uintptr_t>self.last_size):
+            return None
+        for i in range(rref.view.ndim):
+            if sref.view.shape[i] != rref.view.shape[i]:
                 return None
-            sref = BufRef.__new__(BufRef)
-            try:
-                PyObject_GetBuffer(send, &sref.view, PyBUF_C_CONTIGUOUS)
-            except (BufferError, TypeError, ValueError):
-                return None
-            sref.held = True
-            if (sref.view.len != rv.len or sref.view.ndim != rv.ndim
-                    or <uintptr_t>sref.view.buf % <uintptr_t>self.last_size):
-                return None
-            for i in range(rv.ndim):
-                if sref.view.shape[i] != rv.shape[i]:
-                    return None
-            self.check_open()
-            seq = self.next_seq()
-            if self.scratch is None:
-                self.scratch = bytearray(self.small_max)
-                self.scratch_ref = BufRef.__new__(BufRef)
-                PyObject_GetBuffer(self.scratch, &self.scratch_ref.view, PyBUF_WRITABLE)
-                self.scratch_ref.held = True
-            rop = Op.__new__(Op)
-            rop.peers = self.rpeers
-            rop.tag = self.rtag0 | <uint64_t>seq
-            rop.mask = FULL_MASK
-            rop.ptr = <uintptr_t>self.scratch_ref.view.buf
-            rop.cap = <size_t>rv.len
-            rop.keep = self.scratch_ref
-            rop.has_ptr = True
-            res = self.eng._exchange(<uintptr_t>ep._handle, <uintptr_t>sref.view.buf,
-                                     <size_t>rv.len, sref, self.stag0 | <uint64_t>seq,
-                                     self.speers, bool(ep._fast), rop)
-            if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
-                _sum_pair(self.last_kind, self.first, <const char *>sref.view.buf,
-                          <const char *>rop.ptr, <char *>rv.buf, rv.len)
+        self.check_open()
+        seq = self.next_seq()
+        rop = self._recv_op(self._scratch(), <size_t>n, self.scratch_ref, seq)
+        res = self._exchange(sref, <uintptr_t>sref.view.buf, <size_t>n, rop, seq)
+        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
+            _sum_pair(self.last_kind, self.first, <const char *>sref.view.buf,
+                      <const char *>rop.ptr, <char *>rref.view.buf, n)
+            return self.done
+        return self._hand_off(res, seq, True)
+
+    def reduce_scatter_block(self, send, recv, op):
+        """``Reduce_scatter_block(send, recv, op)``: block ``q`` of ``send`` to rank
+        ``q``; this rank's block of both reduced into the start of ``recv``."""
+        cdef BufRef rref, sref
+        cdef Op rop
+        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+            return None
+        dt = recv.dtype
+        if self._kernel(op, dt) == 0 or send.dtype is not dt or self.ep._closed:
+            return None
+        sref = self._view(send, PyBUF_SIMPLE)
+        if sref is None:
+            return None
+        cdef Py_ssize_t nb = sref.view.len // 2
+        if (sref.view.len % (2 * self.last_size) or nb > self.small_max
+                or <uintptr_t>sref.view.buf % <uintptr_t>self.last_size):
+            return None
+        rref = self._view(recv, PyBUF_WRITABLE)
+        if (rref is None or rref.view.len < nb
+                or <uintptr_t>rref.view.buf % <uintptr_t>self.last_size):
+            return None
+        self.check_open()
+        seq = self.next_seq()
+        rop = self._recv_op(self._scratch(), <size_t>nb, self.scratch_ref, seq)
+        res = self._exchange(sref, <uintptr_t>sref.view.buf + (1 - self.rank) * nb,
+                             <size_t>nb, rop, seq)
+        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
+            _sum_pair(self.last_kind, self.first,
+                      <const char *>sref.view.buf + self.rank * nb,
+                      <const char *>rop.ptr, <char *>rref.view.buf, nb)
+            return self.done
+        return self._hand_off(res, seq, True)
+
+    def allgather(self, send, recv):
+        """``Allgather(send, recv)``: both blocks in rank order in ``recv``."""
+        cdef BufRef rref, sref
+        cdef Op rop
+        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+            return None
+        dt = recv.dtype
+        if send.dtype is not dt or not self._plain(dt) or self.ep._closed:
+            return None
+        sref = self._view(send, PyBUF_SIMPLE)
+        if sref is None or sref.view.len > self.small_max:
+            return None
+        cdef Py_ssize_t nb = sref.view.len
+        rref = self._view(recv, PyBUF_WRITABLE)
+        if rref is None or rref.view.len != 2 * nb:
+            return None
+        self.check_open()
+        seq = self.next_seq()
+        memmove(<char *>rref.view.buf + self.rank * nb, sref.view.buf, nb)
+        rop = self._recv_op(<uintptr_t>rref.view.buf + (1 - self.rank) * nb, <size_t>nb,
+                            rref, seq)
+        res = self._exchange(sref, <uintptr_t>sref.view.buf, <size_t>nb, rop, seq)
+        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
+            return self.done
+        return self._hand_off(res, seq, False)
+
+    def alltoall(self, send, recv):
+        """``Alltoall(send, recv)``: block ``q`` of ``send`` to rank ``q``, its block
+        for this rank into block ``q`` of ``recv``."""
+        cdef BufRef rref, sref
+        cdef Op rop
+        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+            return None
+        dt = recv.dtype
+        if send.dtype is not dt or not self._plain(dt) or self.ep._closed:
+            return None
+        sref = self._view(send, PyBUF_SIMPLE)
+        if sref is None:
+            return None
+        cdef Py_ssize_t nb = sref.view.len // 2
+        if sref.view.len % (2 * sref.view.itemsize) or nb > self.small_max:
+            return None
+        rref = self._view(recv, PyBUF_WRITABLE)
+        if rref is None or rref.view.len != sref.view.len:
+            return None
+        self.check_open()
+        seq = self.next_seq()
+        memmove(<char *>rref.view.buf + self.rank * nb,
+                <const char *>sref.view.buf + self.rank * nb, nb)
+        rop = self._recv_op(<uintptr_t>rref.view.buf + (1 - self.rank) * nb, <size_t>nb,
+                            rref, seq)
+        res = self._exchange(sref, <uintptr_t>sref.view.buf + (1 - self.rank) * nb,
+                             <size_t>nb, rop, seq)
+        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
+            return self.done
+        return self._hand_off(res, seq, False)
+
+    def bcast(self, buf, root):
+        """``Bcast(buf, root)``: the root sends, the other rank receives in place."""
+        cdef BufRef ref
+        cdef Op rop
+        cdef void *req = NULL
+        cdef int rc
+        if type(buf) is not self.ndarray or type(root) is not int or not 0 <= root <= 1:
+            return None
+        dt = buf.dtype
+        if not self._plain(dt) or self.ep._closed:
+            return None
+        cdef bint sender = root == self.rank
+        ref = self._view(buf, PyBUF_SIMPLE if sender else PyBUF_WRITABLE)
+        if ref is None or ref.view.len > self.small_max:
+            return None
+        self.check_open()
+        seq = self.next_seq()
+        if sender:
+            ep = self.ep
+            self.eng._check(self.speers)
+            rc = ucxcomm_tag_send(<uintptr_t>ep._handle, ref.view.buf, <size_t>ref.view.len,
+                                  self.stag0 | <uint64_t>seq,
+                                  bool(ep._fast) and ref.view.len < FAST_SEND_MAX, &req)
+            sent = self.eng._polled_op(rc, req, ref, self.speers, "send", False)
+            if sent is None:
                 return self.done
-            out = (res[0], res[1], seq, self.scratch)
-            self.scratch = None  # the caller's now (the receive may still write it)
-            self.scratch_ref = None
-            return out
-        finally:
-            PyBuffer_Release(&rv)
+            return (sent, None, seq, None)
+        self.eng._check(self.rpeers)
+        rop = self._recv_op(<uintptr_t>ref.view.buf, <size_t>ref.view.len, ref, seq)
+        got = self.eng._post_match(rop, True)
+        if type(got) is tuple and rop.length == rop.cap:
+            return self.done
+        return (None, got, seq, None)

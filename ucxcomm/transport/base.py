@@ -69,19 +69,22 @@ class Link(ABC):
         receive result or future)`` (see ``Worker.exchange``)."""
 
     @abstractmethod
-    def pair_allreduce(self, stag0: int, rtag0: int, first: bool, rpeers: Any,
-                       **hooks: Any) -> Any:
-        """A callable ``(send, recv, op)`` running a two-rank communicator's small
-        ``Allreduce`` in one call into compiled code: the exchange of :meth:`exchange`
-        with tags ``stag0 | seq`` / ``rtag0 | seq``, then the reduction (``first``:
-        this rank's operand on the left). ``hooks`` (keywords) come from the
+    def pair_collectives(self, stag0: int, rtag0: int, rank: int, rpeers: Any,
+                         **hooks: Any) -> Any:
+        """A two-rank communicator's small collectives, one call into compiled code
+        each: methods ``allreduce(send, recv, op)``, ``reduce_scatter_block(send, recv,
+        op)``, ``allgather(send, recv)``, ``alltoall(send, recv)`` and ``bcast(buf,
+        root)``, each the exchange of :meth:`exchange` with tags ``stag0 | seq`` /
+        ``rtag0 | seq`` and then the copy or reduction (``rank``: this rank, 0 or 1;
+        rank 0's operand goes on the left). ``hooks`` (keywords) come from the
         communicator layer: ``ndarray`` (the array type taken), ``in_place`` (the
         IN_PLACE marker), ``done`` (returned by a finished call), ``next_seq`` and
         ``check_open`` (the communicator's), ``native(op, dtype) -> (kernel, itemsize)``
-        (kernel 0: not served), ``tuning`` and ``ring_key`` (the largest size is below
-        ``tuning[ring_key]``), ``small_max``. A call returns None for what it does not
-        serve (nothing done), ``done``, or ``(send future or None, receive result or
-        future, sequence number, scratch)`` for the caller to finish."""
+        (kernel 0: not served), ``tuning`` and ``ring_key`` (an Allreduce is below
+        ``tuning[ring_key]`` bytes), ``small_max`` (bytes per message). A call returns
+        None for what it does not serve (nothing done), ``done``, or ``(send future or
+        None, receive result or future or None, sequence number, scratch or None)`` for
+        the caller to finish."""
 
     @abstractmethod
     def transports(self) -> list[tuple[str, str]]:

@@ -57,8 +57,8 @@ class _Owner(Protocol):
     def send_ptr(self, obj: Any) -> Target: ...
     def exchange(self, ep_handle: int, send: Target, stag: int, speers: Peers, fast: bool,
                  recv: Target, rtag: int, rpeers: Peers) -> Any: ...
-    def pair_allreduce(self, ep: Any, speers: Peers, rpeers: Peers, first: bool,
-                       stag0: int, rtag0: int, **hooks: Any) -> Any: ...
+    def pair_collectives(self, ep: Any, speers: Peers, rpeers: Peers, rank: int,
+                         stag0: int, rtag0: int, **hooks: Any) -> Any: ...
     def recv_ptr(self, obj: Any) -> Target: ...
     def recv_into(self, target: Target, tag: int, mask: int, peers: Peers,
                   finish: Callable[[RecvResult], Any] | None = None,
@@ -158,12 +158,12 @@ class Endpoint(Link):
         return self._worker.exchange(self._handle, send, stag, self._peers, self._fast,
                                      recv, rtag, rpeers)
 
-    def pair_allreduce(self, stag0: int, rtag0: int, first: bool, rpeers: Any,
-                       **hooks: Any) -> Any:
-        """See :meth:`Link.pair_allreduce`."""
+    def pair_collectives(self, stag0: int, rtag0: int, rank: int, rpeers: Any,
+                         **hooks: Any) -> Any:
+        """See :meth:`Link.pair_collectives`."""
         self._check_open()
-        return self._worker.pair_allreduce(self, self._peers, rpeers, first, stag0, rtag0,
-                                           **hooks)
+        return self._worker.pair_collectives(self, self._peers, rpeers, rank, stag0, rtag0,
+                                             **hooks)
 
     def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:
         """The peer's registered memory (``rkey``, ``address`` and ``nbytes`` from its

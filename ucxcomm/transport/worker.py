@@ -321,12 +321,12 @@ class Worker(Transport):
         result or future)`` for the caller to wait for and check."""
         return self._eng.exchange(ep_handle, send, stag, speers, fast, recv, rtag, rpeers)
 
-    def pair_allreduce(self, ep: Any, speers: Peers, rpeers: Peers, first: bool,
-                       stag0: int, rtag0: int, **hooks: Any) -> Any:
-        """A two-rank communicator's small Allreduce in one compiled call over endpoint
-        ``ep`` (``_ucp.PairAllreduce``; ``hooks`` name what it needs from the
-        communicator layer: see :meth:`Endpoint.pair_allreduce`)."""
-        return self._eng.pair_allreduce(ep, speers, rpeers, first, stag0, rtag0, **hooks)
+    def pair_collectives(self, ep: Any, speers: Peers, rpeers: Peers, rank: int,
+                         stag0: int, rtag0: int, **hooks: Any) -> Any:
+        """A two-rank communicator's small collectives, one compiled call each, over
+        endpoint ``ep`` (``_ucp.PairCollectives``; ``hooks`` name what they need from
+        the communicator layer: see :meth:`Link.pair_collectives`)."""
+        return self._eng.pair_collectives(ep, speers, rpeers, rank, stag0, rtag0, **hooks)
 
     def tag_recv(self, target: Target, tag: int, mask: int = FULL_MASK,
                  peers: Peers = None) -> asyncio.Future | None:
