@@ -3,7 +3,6 @@ processes started with each convention's environment (no launcher in between).""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,18 +10,13 @@ from pathlib import Path
 import pytest
 
 from ucxcomm import BootstrapError
+from ucxcomm.launch import free_port
 from ucxcomm.launch.bootstrap import detect, parse_nodelist
 from ucxcomm.testing import clean_env, launch, run_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 SPMD = ROOT / "tests" / "spmd"
 PROG = str(SPMD / "world_prog.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_parse_nodelist():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from ucxcomm.launch import free_port
 from ucxcomm.testing import clean_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,20 +31,7 @@ NOISE = ("Traceback", "Segmentation fault", "Fatal Python error", "never retriev
 
 def free_port_pair() -> int:
     """A port P with P, P+1 and P+2 free now (MASTER_PORT, our store, the listener)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 2 > 65535:
-            continue
-        try:
-            for p in (port + 1, port + 2):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free ports")
+    return free_port(span=3)
 
 
 def _pump(rank: int, stream, lines: queue.Queue, out: list[str]) -> None:

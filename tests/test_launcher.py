@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ucxcomm.launch import free_port
 from ucxcomm.testing import launch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,3 +142,22 @@ def test_missing_program():
     proc = launch(2, ["/nonexistent/program"], timeout=30)
     assert proc.returncode == 127
     assert "cannot start" in proc.stderr
+
+
+def test_free_port_is_outside_the_ephemeral_range_and_bindable():
+    """Ports handed to a process that binds them later: free now, ``span`` in a row, and
+    never where the kernel picks bind(0) and outgoing-connection ports."""
+    import socket
+
+    lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+              .split())
+    for span in (1, 3):
+        for _ in range(20):
+            port = free_port(span=span)
+            assert not (lo <= port + span - 1 and port <= hi), (port, lo, hi)
+            for p in range(port, port + span):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+    with pytest.raises(ValueError, match="span"):
+        free_port(span=0)
+

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 
 import ucxcomm
 from ucxcomm import CommTimeoutError, PeerFailure, UcxCommError
+from ucxcomm.launch import free_port
 from ucxcomm.transport import BufferPool, connect, listen
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,12 +64,6 @@ def kill(*procs: asyncio.subprocess.Process) -> None:
     for p in procs:
         if p.returncode is None:
             p.kill()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ----------------------------------------------------------------------------- echo

@@ -8,13 +8,13 @@ Needs torch (the ``torch`` extra, which CI installs).
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from ucxcomm.launch import free_port
 from ucxcomm.testing import clean_env, launch, run_ranks
 
 torch = pytest.importorskip("torch", reason="the torch backend needs torch ('ucxcomm[torch]')")
@@ -25,14 +25,8 @@ EXAMPLE = str(ROOT / "examples" / "torch_ddp.py")
 _TAIL = 6000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _torchrun_envs(nranks: int, **extra: str) -> list[dict[str, str]]:
-    port = str(_free_port())
+    port = str(free_port())
     return [dict(clean_env(), RANK=str(r), WORLD_SIZE=str(nranks), LOCAL_RANK=str(r),
                  LOCAL_WORLD_SIZE=str(nranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                  **extra) for r in range(nranks)]
@@ -61,14 +55,19 @@ def test_import_is_optional_and_registers_the_backend():
 
 def test_launcher_exports_torchrun_variables():
     """``ucxcomm run`` gives each rank torchrun's variables, so that torch's default
-    env:// rendezvous works under it unchanged."""
+    env:// rendezvous works under it unchanged. MASTER_PORT lies outside the kernel's
+    ephemeral range: one inside it (what bind(0) gives) was taken by some outgoing
+    connection before rank 0's torch store bound it (CI: EADDRINUSE)."""
+    lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+              .split())
     code = ("import os; print('ENV', *(os.environ[k] for k in ('RANK', 'LOCAL_RANK', "
             "'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR')), "
-            "int(os.environ['MASTER_PORT']) > 0)")
-    proc = launch(3, [sys.executable, "-c", code], timeout=60)
-    assert proc.returncode == 0, proc.stderr[-_TAIL:]
-    for r in range(3):
-        assert f"[{r}] ENV {r} {r} 3 3 127.0.0.1 True" in proc.stdout, proc.stdout
+            f"not {lo} <= int(os.environ['MASTER_PORT']) <= {hi})")
+    for _ in range(3):  # (a port from bind(0) would fail every time)
+        proc = launch(3, [sys.executable, "-c", code], timeout=60)
+        assert proc.returncode == 0, proc.stderr[-_TAIL:]
+        for r in range(3):
+            assert f"[{r}] ENV {r} {r} 3 3 127.0.0.1 True" in proc.stdout, proc.stdout
 
 
 def test_liveness_address(monkeypatch):
@@ -178,7 +177,7 @@ def test_example_under_ucxcomm_run():
 def test_example_under_torchrun():
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-port", str(_free_port()), EXAMPLE, "--steps", "40"],
+         "--master-port", str(free_port()), EXAMPLE, "--steps", "40"],
         capture_output=True, text=True, timeout=100, env=clean_env(), stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-_TAIL:]

@@ -3,10 +3,11 @@ pair on loopback per measurement."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from ..launch.ports import free_port
 
 __all__ = ["executable", "free_port", "perftest"]
 
@@ -19,13 +20,6 @@ def executable() -> Path | None:
         return None
     exe = Path(libucx.__file__).parent / "bin" / "ucx_perftest"
     return exe if exe.exists() else None
-
-
-def free_port() -> int:
-    """A TCP port on loopback that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def perftest(test: str, size: int, iters: int, env: dict, timeout: float = 300,

@@ -16,10 +16,10 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import sys
 from collections.abc import Sequence
 
+from .ports import free_port
 from .store import StoreServer
 
 __all__ = ["run_job"]
@@ -29,12 +29,6 @@ KILL_GRACE_S = 5.0
 
 def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _command(argv: Sequence[str]) -> list[str]:
@@ -116,9 +110,9 @@ class _Job:
                         UCXCOMM_TOKEN=token, UCXCOMM_LOCAL_SIZE=str(self.nprocs))
             # torchrun's variables too, so that torch.distributed's default env://
             # rendezvous works unchanged (ucxcomm itself reads UCXCOMM_* first). torch's
-            # store (on rank 0) gets a port free now.
+            # store (on rank 0) gets a port free now, outside the ephemeral range.
             base.update(WORLD_SIZE=str(self.nprocs), LOCAL_WORLD_SIZE=str(self.nprocs),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
             # Output always goes through the launcher, a whole line at a time; ranks
             # write unbuffered so that it comes as it is printed.
             pipe = asyncio.subprocess.PIPE
