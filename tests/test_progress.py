@@ -155,6 +155,32 @@ async def test_spinners_ignore_the_policys_own_wake_ups():
         src.close()
 
 
+async def test_others_ready_survives_a_queue_growing_while_it_looks():
+    """A Python signal handler runs between any two bytecodes, and asyncio.run's SIGINT
+    handler queues a callback (call_soon_threadsafe): the ready queue can grow while
+    others_ready() walks it. Before, that raised 'deque mutated during iteration' out of
+    a spinning Recv (CI: a Ctrl-C'd rank printed it instead of stopping cleanly)."""
+    loop = asyncio.get_running_loop()
+    progress = Progress(loop, spin_s=5.0)
+    ready = ready_queue(loop)
+    assert ready is not None
+
+    class Growing:  # looks like one of the policy's own wake-ups; reading it queues more
+        @property
+        def _callback(self):
+            ready.append(asyncio.Handle(lambda: None, (), loop))
+            return progress.kick
+
+    growing = Growing()
+    try:
+        ready.append(growing)
+        assert progress.others_ready()
+        assert not progress.spin(lambda: False)
+    finally:
+        ready.remove(growing)  # (the plain callbacks it queued just run)
+        await progress.aclose()
+
+
 async def test_kick_leaves_the_task_asleep_when_the_poster_waits_itself():
     """Posting an operation kicks the progress task, but the usual poster awaits the
     operation at once (progressing it in place): the wake-up is decided at the next

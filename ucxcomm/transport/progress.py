@@ -148,10 +148,18 @@ class Progress:
         if not ready:
             return False
         task = self._task
-        for h in ready:
-            cb = getattr(h, "_callback", None)
-            if cb is _wake or getattr(cb, "__self__", None) in (task, self):
-                continue  # (_wake, the task's step, _kick_now)
+        try:
+            for h in ready:
+                cb = getattr(h, "_callback", None)
+                if cb is _wake or getattr(cb, "__self__", None) in (task, self):
+                    continue  # (_wake, the task's step, _kick_now)
+                return True
+        except RuntimeError:
+            # The queue grew while we looked: a signal handler ran between two steps of
+            # the loop (asyncio.run's SIGINT handler calls call_soon_threadsafe). Someone
+            # else wants the loop, so give it up (the error escaped to the spinner's
+            # caller before: a Ctrl-C during Recv printed a traceback, not the
+            # KeyboardInterrupt).
             return True
         return False
 
