@@ -40,6 +40,11 @@ def test_two_rank_compiled_allreduce(name):
     run_case(COLL_CASES, name, 2)
 
 
+@pytest.mark.parametrize("nranks", [3, 4, 8])
+def test_group_compiled_allreduce(nranks):
+    run_case(COLL_CASES, "group_compiled_allreduce", nranks)
+
+
 def test_cancelled_collective():
     run_case(COLL_CASES, "cancelled_collective", 2)
 

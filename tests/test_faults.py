@@ -151,6 +151,15 @@ def test_kill_during_two_rank_small_allreduce(victim):
           + ", ".join(f"{t:.2f} s" for t in took.values()))
 
 
+@pytest.mark.parametrize("victim", [0, 2])
+def test_kill_during_group_small_allreduce(victim):
+    """Three ranks, 8 B Allreduce in a loop (each call one compiled call: sends to both
+    peers, receives waited for in place): the survivors raise PeerFailure."""
+    took = run_fault("allreduce_small", 3, victim)
+    print(f"allreduce_small at 3 ranks, rank {victim} killed: the survivors ended after "
+          + ", ".join(f"{t:.2f} s" for t in took.values()))
+
+
 @pytest.mark.parametrize("victim", [0, 1])
 def test_kill_during_stream(victim):
     """Connected endpoints (listen/connect): the server or the client dies mid-transfer."""

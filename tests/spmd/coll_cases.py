@@ -741,5 +741,65 @@ async def closed_two_rank_allreduce(comm):
     await comm.barrier()
 
 
+@case
+async def group_compiled_allreduce(comm):
+    """Three or more ranks, small SUM of 32/64-bit numbers: one call into compiled code
+    (every input to every rank, folded from the left in rank order in C). Results equal
+    that fold bit for bit on every rank (integers wrap, inf/nan propagate), for shapes,
+    IN_PLACE and every such dtype; late ranks make the others' calls finish through
+    the awaitable; ranks whose arguments take the Python path (unaligned views) mix
+    with ranks on the compiled one, and both fold in the same order (numpy's reduce
+    would sum 8 or more one-element rows pairwise: 1e16 + seven 1.0 differs)."""
+    p, r = comm.size, comm.rank
+    assert p > 2
+    for dtype in (np.float32, np.float64, np.int32, np.int64, np.uint32, np.uint64):
+        info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else np.finfo(dtype)
+        for shape in ((1,), (5,), (3, 4)):
+            n = int(np.prod(shape))
+            rows = [inp(q, n, dtype).reshape(shape) for q in range(p)]
+            rows[0].flat[0] = rows[1].flat[0] = info.max  # wraps, or overflows to inf
+            if np.dtype(dtype).kind == "f":
+                rows[p - 1].flat[-1] = np.nan
+            with np.errstate(over="ignore", invalid="ignore"):
+                want = reference(ucxcomm.SUM, rows)
+            out = np.empty_like(rows[r])
+            await comm.Allreduce(rows[r], out)
+            assert np.array_equal(out, want, equal_nan=True), (dtype, shape, out, want)
+            await same_everywhere(comm, out, ("compiled", dtype, shape))
+            buf = rows[r].copy()
+            await comm.Allreduce(IN_PLACE, buf)
+            assert np.array_equal(buf, want, equal_nan=True), (dtype, shape, "in place")
+    assert comm._coll._pair_ar.__self__.__class__.__name__ == "GroupCollectives"
+    # Late ranks: the others wait (their awaitables finish the calls).
+    for late in (0, p - 1):
+        if r == late:
+            await asyncio.sleep(0.2)
+        out = np.empty(4, np.float64)
+        await comm.Allreduce(np.full(4, r + 1.0), out)
+        assert (out == p * (p + 1) / 2).all(), (late, out)
+    # Order: every other rank on the Python path (unaligned views), the rest compiled.
+    for _ in range(3):
+        x = 1e16 if r == 0 else 1.0
+        if r % 2:
+            send = np.zeros(9, np.uint8)[1:].view(np.float64)
+            out = np.zeros(9, np.uint8)[1:].view(np.float64)
+            send[0] = x
+        else:
+            send, out = np.array([x]), np.empty(1)
+        await comm.Allreduce(send, out)
+        want = np.float64(1e16)
+        for _ in range(p - 1):
+            want = want + np.float64(1.0)
+        assert out[0] == want, (r, out[0] - 1e16, want - 1e16)
+        await same_everywhere(comm, out, "mixed paths")
+    # Many in a row, then another op and dtype (the Python path) on the same communicator.
+    acc = np.zeros(1, np.int64)
+    for i in range(500):
+        await comm.Allreduce(np.array([i + r], np.int64), acc)
+        assert acc[0] == p * i + p * (p - 1) // 2, (i, acc)
+    await comm.Allreduce(np.array([r], np.int16), res := np.empty(1, np.int16), ucxcomm.MAX)
+    assert res[0] == p - 1
+
+
 if __name__ == "__main__":
     cases.main()

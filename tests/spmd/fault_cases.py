@@ -118,8 +118,9 @@ async def allreduce(comm, victim, tick):
 
 @case
 async def allreduce_small(comm, victim, tick):
-    """8 bytes: at two ranks each call is one compiled exchange (send, then wait for the
-    peer's message in place), the path a death must not leave spinning or waiting."""
+    """8 bytes: each call is one compiled call (two ranks: one exchange; more: a send to
+    every peer, then every receive waited for in place), the path a death must not
+    leave spinning or waiting."""
     send = np.full(1, comm.rank + 1, np.float64)
     recv = np.empty_like(send)
     while True:

@@ -28,7 +28,7 @@ from .algorithms import Buf, Chan, binomial
 from .group import with_timeout
 from .ops import MAX, MIN, SUM, Op
 from .request import Request
-from .small import DONE, SmallCollectives, small_ok
+from .small import DONE, SMALL_MAX_RANKS, SmallCollectives, small_ok
 from .tags import KIND_COLL, make_tag
 
 if TYPE_CHECKING:
@@ -154,10 +154,12 @@ class Collectives:
         # Scratch of the small-Allreduce path: (dtype, shape, array, target) or None.
         self._rd_scratch: tuple[Any, Any, Any, Any] | None = None
         self._small = SmallCollectives(group)
-        # Two ranks: the compiled small collectives (made by the first call) and their
-        # Allreduce (before that, the method that makes them).
+        # Two ranks: the compiled small collectives (made by the first call); up to
+        # SMALL_MAX_RANKS, the compiled small Allreduce (before the first call, the
+        # method that makes it).
         self._pair: Any = _UNMADE if self.size == 2 else None
-        self._pair_ar: Any = self._first_pair_allreduce if self.size == 2 else None
+        self._pair_ar: Any = (self._first_pair_allreduce
+                              if 2 <= self.size <= SMALL_MAX_RANKS else None)
 
     def _small_chan(self, what: str) -> Chan:
         """A channel for a small-message path of collective ``what`` (arguments already
@@ -274,16 +276,23 @@ class Collectives:
         ``recvbuf`` (bit-identical everywhere). Recursive doubling for small messages,
         ring reduce-scatter + allgather (segmented) for large ones. Two ranks, small
         host arrays, SUM of 32/64-bit numbers: one call into compiled code (exchange and
-        reduction; ``DONE`` is returned when it finished there)."""
+        reduction; ``DONE`` is returned when it finished there); likewise up to 32
+        ranks (every input to every rank, folded in rank order)."""
         pair = self._pair_ar
         if pair is not None:
             rest = pair(sendbuf, recvbuf, op)
             if rest is not None:
-                return rest if rest is DONE else self._small.pair_rest(rest, sendbuf, recvbuf)
+                return (rest if rest is DONE
+                        else self._small.allreduce_rest(rest, sendbuf, recvbuf))
         return self._allreduce(sendbuf, recvbuf, op, True)
 
     def _first_pair_allreduce(self, sendbuf: Any, recvbuf: Any, op: Op) -> Any:
-        """:attr:`_pair_ar` until the compiled two-rank collectives are made."""
+        """:attr:`_pair_ar` until the compiled small Allreduce is made."""
+        if self.size > 2:
+            if self._group.closed or self._group.world.closed:
+                return None
+            self._pair_ar = self._small.group_collectives(IN_PLACE).allreduce
+            return self._pair_ar(sendbuf, recvbuf, op)
         pair = self._make_pair()
         return None if pair is None else pair.allreduce(sendbuf, recvbuf, op)
 

@@ -26,7 +26,7 @@ from .tags import KIND_COLL, make_tag
 if TYPE_CHECKING:
     from .group import Group
 
-__all__ = ["DONE", "SMALL_MAX", "SmallCollectives", "small_ok"]
+__all__ = ["DONE", "SMALL_MAX", "SMALL_MAX_RANKS", "SmallCollectives", "small_ok"]
 
 #: Largest message (bytes, per peer) that takes these paths.
 SMALL_MAX = 8192
@@ -73,6 +73,15 @@ def small_ok(*arrays: Any) -> bool:
     return True
 
 
+def _fold(ufunc: Any, rows: np.ndarray, out: np.ndarray) -> None:
+    """``out = ((rows[0] op rows[1]) op rows[2]) ...``: the rows folded from the left, in
+    rank order, as the compiled path does in C (``ufunc.reduce`` sums a (p, 1) array
+    pairwise from 8 rows on: a different order)."""
+    ufunc(rows[0], rows[1], out=out)
+    for k in range(2, rows.shape[0]):
+        ufunc(out, rows[k], out=out)
+
+
 class SmallCollectives:
     """The small-message paths of one communicator (see the module docstring)."""
 
@@ -94,33 +103,63 @@ class SmallCollectives:
         ``Link.pair_collectives``): each method returns None (not served), DONE, or a
         rest for :meth:`pair_rest`, :meth:`pair_rsb_rest` or :meth:`pair_wait`."""
         g = self._group
-        peer = 1 - self.rank
-        ep = g.eps[peer]
-        if ep is None:
-            ep = g.endpoint(peer)
-        return ep.pair_collectives(
-            self._stag0, self._rtag0, self.rank, g.peers_all, ndarray=np.ndarray,
-            in_place=in_place, done=DONE, next_seq=g.next_seq, check_open=g.check_open,
-            native=native_kernel, tuning=alg.TUNING, ring_key="allreduce_ring_min",
-            small_max=SMALL_MAX)
+        return g.endpoint(1 - self.rank).pair_collectives(
+            self._stag0, self._rtag0, self.rank, g.peers_all, **self._hooks(in_place))
+
+    def group_collectives(self, in_place: Any) -> Any:
+        """The compiled small Allreduce of a communicator of 3 to SMALL_MAX_RANKS ranks
+        (see ``Link.group_collectives``): its ``allreduce`` returns None (not served),
+        DONE, or a rest for :meth:`allreduce_rest`."""
+        g = self._group
+        links = [g.endpoint(q) for q in self._peers]
+        rtags = [make_tag(g.cid, KIND_COLL, q, 0) for q in self._peers]
+        return links[0].group_collectives(links, self._stag0, rtags, self.rank, g.peers_all,
+                                          **self._hooks(in_place))
+
+    def _hooks(self, in_place: Any) -> dict[str, Any]:
+        """What the compiled collectives need from this layer (``Link.pair_collectives``)."""
+        g = self._group
+        return dict(ndarray=np.ndarray, in_place=in_place, done=DONE, next_seq=g.next_seq,
+                    check_open=g.check_open, native=native_kernel, tuning=alg.TUNING,
+                    ring_key="allreduce_ring_min", small_max=SMALL_MAX)
 
     async def pair_wait(self, rest: tuple[Any, Any, int, Any], what: str) -> None:
         """Finish a compiled two-rank collective ``what`` that had to wait: ``rest`` is
         ``(send future or None, receive result or future or None, sequence number,
         scratch)``; a receive that overflowed raises TruncationError naming ``what``."""
         sent, got, seq, _ = rest
+        await self._wait_rest(() if sent is None else (sent,), (got,), seq, what)
+
+    async def _wait_rest(self, sent: Any, got: Any, seq: int, what: str) -> None:
+        """Wait for the send futures ``sent`` and the receive results or futures ``got``
+        (None: nothing to wait for) of compiled call ``seq``."""
         ch = Chan(self._group, seq, what)
-        if sent is not None:
-            ch.sends.append(sent)
-        if type(got) is tuple:
-            try:
-                _whole(got)
-            except TruncationError as exc:
-                ch.failed()
-                raise ch._named(exc) from None
-        elif got is not None:
-            ch.recvs.append(got)
+        ch.sends.extend(sent)
+        for r in got:
+            if type(r) is tuple:
+                try:
+                    _whole(r)
+                except TruncationError as exc:
+                    ch.failed()
+                    raise ch._named(exc) from None
+            elif r is not None:
+                ch.recvs.append(r)
         await self._finish(ch)
+
+    def allreduce_rest(self, rest: tuple[Any, Any, int, bytearray], send: Any,
+                       recv: np.ndarray) -> Any:
+        """Finish a compiled Allreduce (two ranks or more) that had to wait."""
+        if self.size == 2:
+            return self.pair_rest(rest, send, recv)
+        return self._group_rest(rest, recv)
+
+    async def _group_rest(self, rest: tuple[Any, Any, int, bytearray],
+                          recv: np.ndarray) -> None:
+        sends, got, seq, rows = rest
+        await self._wait_rest(sends, got, seq, "Allreduce")
+        n = recv.size
+        _fold(np.add, np.frombuffer(rows, recv.dtype, self.size * n).reshape(self.size, n),
+              recv.reshape(-1))
 
     async def pair_rest(self, rest: tuple[Any, Any, int, bytearray], send: Any,
                         recv: np.ndarray) -> None:
@@ -268,7 +307,7 @@ class SmallCollectives:
             ch.send(q, st)
         rows[r] = send.reshape(-1)
         await self._finish(ch)
-        ufunc.reduce(rows, axis=0, out=recv.reshape(-1))  # in rank order, row by row
+        _fold(ufunc, rows, recv.reshape(-1))
         self._give(rows)
 
     async def _allreduce_pair(self, ch: Chan, send: np.ndarray, recv: np.ndarray,

@@ -657,16 +657,27 @@ cdef class TagEngine:
         """A :class:`PairCollectives` over endpoint ``ep`` (a two-rank communicator's)."""
         return PairCollectives(self, ep, speers, rpeers, rank, stag0, rtag0, **hooks)
 
+    def group_collectives(self, eps, rpeers, int rank, uint64_t stag0, rtag0s, **hooks):
+        """A :class:`GroupCollectives` over endpoints ``eps`` (every other rank's, in
+        rank order) of a communicator of ``len(eps) + 1`` ranks."""
+        return GroupCollectives(self, eps, rpeers, rank, stag0, rtag0s, **hooks)
+
     cdef tuple _exchange(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
                          uint64_t stag, object speers, bint fast, Op op):
         """:meth:`exchange` from a send buffer and a prepared receive: ``(send future or
         None, receive result or future)``."""
+        sent = self._send_to(ep, ptr, n, keep, stag, speers, fast)
+        return sent, self._post_match(op, True)
+
+    cdef object _send_to(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
+                         uint64_t stag, object speers, bint fast):
+        """Send ``n`` bytes at ``ptr`` (``keep`` holds them) tagged ``stag``: None when it
+        completed at once, else its future."""
         cdef void *req = NULL
         self._check(speers)
         cdef int rc = ucxcomm_tag_send(ep, <const void *>ptr, n, stag,
                                        fast and n < FAST_SEND_MAX, &req)
-        sent = self._polled_op(rc, req, keep, speers, "send", False)
-        return sent, self._post_match(op, True)
+        return self._polled_op(rc, req, keep, speers, "send", False)
 
     cdef object _post_match(self, Op op, bint spin):
         # Only receives that could match the same message must keep their order; with no
@@ -1391,6 +1402,16 @@ cdef void _sum_pair(int kind, bint first, const char *mine, const char *theirs, 
             (<uint64_t *>out)[i] = (<const uint64_t *>a)[i] + (<const uint64_t *>b)[i]
 
 
+cdef void _sum_rows(int kind, const char *rows, int size, Py_ssize_t nbytes,
+                    char *out) noexcept nogil:
+    """``out = ((row 0 + row 1) + row 2) + ...``: the rows (``nbytes`` each, one per rank,
+    back to back) folded from the left, the order of ``SmallCollectives.allreduce``."""
+    cdef int k
+    _sum_pair(kind, True, rows, rows + nbytes, out, nbytes)
+    for k in range(2, size):
+        _sum_pair(kind, True, out, rows + k * nbytes, out, nbytes)
+
+
 cdef class PairCollectives:
     """A two-rank communicator's small collectives, each in one call into compiled code
     (built by ``Endpoint.pair_collectives`` for :mod:`ucxcomm.comm.small`).
@@ -1510,10 +1531,9 @@ cdef class PairCollectives:
                                   self.stag0 | seq, self.speers, bool(ep._fast), rop)
 
     # ------------------------------------------------------------ the collectives
-    def allreduce(self, send, recv, op):
-        """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
+    cdef tuple _allreduce_args(self, send, recv, op):
+        """``(send view, recv view)`` of an Allreduce this class serves, else None."""
         cdef BufRef rref, sref
-        cdef Op rop
         cdef int i
         if type(recv) is not self.ndarray:
             return None
@@ -1540,6 +1560,17 @@ cdef class PairCollectives:
         for i in range(rref.view.ndim):
             if sref.view.shape[i] != rref.view.shape[i]:
                 return None
+        return sref, rref
+
+    def allreduce(self, send, recv, op):
+        """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
+        cdef BufRef rref, sref
+        cdef Op rop
+        args = self._allreduce_args(send, recv, op)
+        if args is None:
+            return None
+        sref, rref = args
+        cdef Py_ssize_t n = rref.view.len
         self.check_open()
         seq = self.next_seq()
         rop = self._recv_op(self._scratch(), <size_t>n, self.scratch_ref, seq)
@@ -1644,8 +1675,6 @@ cdef class PairCollectives:
         """``Bcast(buf, root)``: the root sends, the other rank receives in place."""
         cdef BufRef ref
         cdef Op rop
-        cdef void *req = NULL
-        cdef int rc
         if type(buf) is not self.ndarray or type(root) is not int or not 0 <= root <= 1:
             return None
         dt = buf.dtype
@@ -1659,11 +1688,9 @@ cdef class PairCollectives:
         seq = self.next_seq()
         if sender:
             ep = self.ep
-            self.eng._check(self.speers)
-            rc = ucxcomm_tag_send(<uintptr_t>ep._handle, ref.view.buf, <size_t>ref.view.len,
-                                  self.stag0 | <uint64_t>seq,
-                                  bool(ep._fast) and ref.view.len < FAST_SEND_MAX, &req)
-            sent = self.eng._polled_op(rc, req, ref, self.speers, "send", False)
+            sent = self.eng._send_to(<uintptr_t>ep._handle, <uintptr_t>ref.view.buf,
+                                     <size_t>ref.view.len, ref, self.stag0 | <uint64_t>seq,
+                                     self.speers, bool(ep._fast))
             if sent is None:
                 return self.done
             return (sent, None, seq, None)
@@ -1673,3 +1700,92 @@ cdef class PairCollectives:
         if type(got) is tuple and rop.length == rop.cap:
             return self.done
         return (None, got, seq, None)
+
+
+cdef class GroupCollectives(PairCollectives):
+    """The small Allreduce of a communicator of three or more ranks in one call into
+    compiled code (built by ``Endpoint.group_collectives`` for :mod:`ucxcomm.comm.small`).
+
+    What ``SmallCollectives.allreduce`` does, with the same messages and tags (so ranks
+    may mix the two paths): send this rank's input to every other rank, receive every
+    other rank's into row ``q`` of a scratch (each receive waits in place, like the
+    two-rank exchange), then fold the rows from the left in rank order, here in C.
+    Arguments are checked as :meth:`PairCollectives.allreduce` does.
+
+    ``allreduce`` returns None (not served: nothing done), ``done``, or ``(send futures,
+    receive results or futures, sequence number, rows)`` for the caller to finish:
+    ``rows``, a bytearray, then holds rank ``q``'s input at ``q * nbytes`` once every
+    receive is done (this rank's own row is already there).
+    """
+
+    cdef list eps             # the Endpoint of every other rank, in rank order
+    cdef list ranks           # their ranks
+    cdef list rtags           # their messages' tags, sequence number 0
+    cdef int size
+    cdef object rows          # bytearray(size * small_max), None after a hand-off
+    cdef BufRef rows_ref
+
+    def __init__(self, TagEngine eng, eps, rpeers, int rank, uint64_t stag0, rtag0s,
+                 **hooks):
+        PairCollectives.__init__(self, eng, eps[0], eps[0]._peers, rpeers, rank, stag0, 0,
+                                 **hooks)
+        self.eps = list(eps)
+        self.size = len(self.eps) + 1
+        self.ranks = [q for q in range(self.size) if q != rank]
+        self.rtags = list(rtag0s)
+        if len(self.rtags) != len(self.eps) or not 0 <= rank < self.size:
+            raise ValueError("one tag per endpoint, and a rank among size")
+
+    cdef uintptr_t _rows(self) except 0:
+        if self.rows is None:
+            self.rows = bytearray(self.size * self.small_max)
+            self.rows_ref = BufRef.__new__(BufRef)
+            PyObject_GetBuffer(self.rows, &self.rows_ref.view, PyBUF_WRITABLE)
+            self.rows_ref.held = True
+        return <uintptr_t>self.rows_ref.view.buf
+
+    def allreduce(self, send, recv, op):
+        """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
+        cdef BufRef rref, sref
+        cdef Op rop
+        cdef Py_ssize_t i, n
+        cdef uintptr_t base
+        cdef bint whole = True
+        args = self._allreduce_args(send, recv, op)
+        if args is None:
+            return None
+        for ep in self.eps:
+            if ep._closed:
+                return None
+        sref, rref = args
+        n = rref.view.len
+        self.check_open()
+        seq = self.next_seq()
+        base = self._rows()
+        memmove(<char *>base + self.rank * n, sref.view.buf, n)
+        eng = self.eng
+        cdef uint64_t stag = self.stag0 | <uint64_t>seq
+        sends = []
+        for ep in self.eps:
+            sent = eng._send_to(<uintptr_t>ep._handle, <uintptr_t>sref.view.buf, <size_t>n,
+                                sref, stag, ep._peers, bool(ep._fast))
+            if sent is not None:
+                sends.append(sent)
+        eng._check(self.rpeers)
+        got = []
+        for i in range(self.size - 1):
+            rop = self._recv_op(base + <uintptr_t>self.ranks[i] * n, <size_t>n,
+                                self.rows_ref, seq)
+            rop.tag = <uint64_t>self.rtags[i] | <uint64_t>seq
+            res = eng._post_match(rop, True)
+            got.append(res)
+            if type(res) is not tuple or rop.length != rop.cap:
+                whole = False
+        if whole and not sends:
+            _sum_rows(self.last_kind, <const char *>base, self.size, n,
+                      <char *>rref.view.buf)
+            return self.done
+        out = (sends, got, seq, self.rows)
+        self.rows = None  # (receives may still write it)
+        self.rows_ref = None
+        return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeAlias
 
 __all__ = ["FULL_MASK", "Link", "Peers", "RecvResult", "Region", "Remote", "Target",
@@ -85,6 +85,18 @@ class Link(ABC):
         None for what it does not serve (nothing done), ``done``, or ``(send future or
         None, receive result or future or None, sequence number, scratch or None)`` for
         the caller to finish."""
+
+    @abstractmethod
+    def group_collectives(self, links: Sequence[Link], stag0: int, rtag0s: Sequence[int],
+                          rank: int, rpeers: Any, **hooks: Any) -> Any:
+        """The small Allreduce of a communicator of three or more ranks in one call into
+        compiled code: method ``allreduce(send, recv, op)`` sends to ``links`` (every
+        other rank's link, in rank order, this one among them) with tag ``stag0 | seq``,
+        receives rank ``links[i]``'s input tagged ``rtag0s[i] | seq``, then folds the
+        inputs from the left in rank order. ``rank`` is this rank, ``hooks`` as for
+        :meth:`pair_collectives`. A call returns None (not served), ``done``, or ``(send
+        futures, receive results or futures, sequence number, rows)`` for the caller to
+        finish (``rows`` holds rank ``q``'s input at ``q * nbytes``)."""
 
     @abstractmethod
     def transports(self) -> list[tuple[str, str]]:

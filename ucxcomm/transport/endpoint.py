@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from .._serialize import decode_header, encode, loads
@@ -59,6 +59,8 @@ class _Owner(Protocol):
                  recv: Target, rtag: int, rpeers: Peers) -> Any: ...
     def pair_collectives(self, ep: Any, speers: Peers, rpeers: Peers, rank: int,
                          stag0: int, rtag0: int, **hooks: Any) -> Any: ...
+    def group_collectives(self, eps: list[Any], rpeers: Peers, rank: int, stag0: int,
+                          rtag0s: Sequence[int], **hooks: Any) -> Any: ...
     def recv_ptr(self, obj: Any) -> Target: ...
     def recv_into(self, target: Target, tag: int, mask: int, peers: Peers,
                   finish: Callable[[RecvResult], Any] | None = None,
@@ -164,6 +166,16 @@ class Endpoint(Link):
         self._check_open()
         return self._worker.pair_collectives(self, self._peers, rpeers, rank, stag0, rtag0,
                                              **hooks)
+
+    def group_collectives(self, links: Sequence[Link], stag0: int, rtag0s: Sequence[int],
+                          rank: int, rpeers: Any, **hooks: Any) -> Any:
+        """See :meth:`Link.group_collectives` (every link an endpoint of this worker)."""
+        self._check_open()
+        eps = list(links)
+        for ep in eps:
+            if not isinstance(ep, Endpoint) or ep._worker is not self._worker:
+                raise ValueError("group_collectives needs endpoints of one worker")
+        return self._worker.group_collectives(eps, rpeers, rank, stag0, rtag0s, **hooks)
 
     def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:
         """The peer's registered memory (``rkey``, ``address`` and ``nbytes`` from its

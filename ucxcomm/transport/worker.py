@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from .. import settings
@@ -327,6 +327,13 @@ class Worker(Transport):
         endpoint ``ep`` (``_ucp.PairCollectives``; ``hooks`` name what they need from
         the communicator layer: see :meth:`Link.pair_collectives`)."""
         return self._eng.pair_collectives(ep, speers, rpeers, rank, stag0, rtag0, **hooks)
+
+    def group_collectives(self, eps: list[Any], rpeers: Peers, rank: int, stag0: int,
+                          rtag0s: Sequence[int], **hooks: Any) -> Any:
+        """A communicator's small Allreduce in one compiled call, over endpoints ``eps``
+        (every other rank's, in rank order; ``_ucp.GroupCollectives``, see
+        :meth:`Link.group_collectives`)."""
+        return self._eng.group_collectives(eps, rpeers, rank, stag0, rtag0s, **hooks)
 
     def tag_recv(self, target: Target, tag: int, mask: int = FULL_MASK,
                  peers: Peers = None) -> asyncio.Future | None:
