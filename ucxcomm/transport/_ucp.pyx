@@ -23,6 +23,9 @@ from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_SIMPLE, PyBUF_WRITABLE, P
                              PyObject_GetBuffer)
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, memmove
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 cdef extern from "ucxcomm_ucp.h" nogil:
@@ -759,6 +762,11 @@ cdef class TagEngine:
                 return True
             if self._reqs:
                 self._poll_reqs()  # others' requests complete meanwhile
+            # More ranks than cores: the rank we wait for may be waiting for this core.
+            # Without this, 8 B Allreduce at 4 ranks on 2 cores took 200-320 us (the
+            # spinner held the core until the scheduler's tick); with it 7.6 us. Alone on
+            # a core the call returns at once (2 ranks: 1.16 -> 1.06 us per Allreduce).
+            sched_yield()
         return False
 
     cdef inline bint _others(self, object ready) except -1:
