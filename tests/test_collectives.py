@@ -40,9 +40,10 @@ def test_two_rank_compiled_allreduce(name):
     run_case(COLL_CASES, name, 2)
 
 
+@pytest.mark.parametrize("name", ["group_compiled_allreduce", "group_compiled_others"])
 @pytest.mark.parametrize("nranks", [3, 4, 8])
-def test_group_compiled_allreduce(nranks):
-    run_case(COLL_CASES, "group_compiled_allreduce", nranks)
+def test_group_compiled_collectives(name, nranks):
+    run_case(COLL_CASES, name, nranks)
 
 
 def test_cancelled_collective():

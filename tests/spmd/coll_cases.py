@@ -801,5 +801,65 @@ async def group_compiled_allreduce(comm):
     assert res[0] == p - 1
 
 
+@case
+async def group_compiled_others(comm):
+    """Three or more ranks: Bcast, Allgather, Alltoall and Reduce_scatter_block of small
+    host arrays are one compiled call each. Results against numpy for several dtypes,
+    with late ranks (the awaitables finish the calls), and with ranks whose arguments
+    take the Python path (unaligned views) mixed in: same messages and tags, and the
+    same fold order for Reduce_scatter_block (1e16 + 1.0 + ... bit for bit)."""
+    p, r = comm.size, comm.rank
+    assert p > 2
+    for dtype in (np.float32, np.int64, np.int8, np.complex128):
+        for n in (1, 6):
+            for late in (None, 0, p - 1):
+                if r == late:
+                    await asyncio.sleep(0.1)
+                x = inp(r, p * n, dtype)
+                for root in (0, p - 1):
+                    b = x.copy() if r == root else np.zeros_like(x)
+                    await comm.Bcast(b, root)
+                    check(b, inp(root, p * n, dtype), ("bcast", dtype, n, late, root))
+                out = np.empty(p * n, dtype)
+                await comm.Allgather(x[:n].copy(), out)
+                check(out, np.concatenate([inp(q, p * n, dtype)[:n] for q in range(p)]),
+                      ("allgather", dtype, n, late))
+                out = np.empty(p * n, dtype)
+                await comm.Alltoall(x, out)
+                want = np.concatenate([inp(q, p * n, dtype)[r * n:(r + 1) * n]
+                                       for q in range(p)])
+                check(out, want, ("alltoall", dtype, n, late))
+                out = np.full(n + 1, 7, dtype)
+                await comm.Reduce_scatter_block(x, out)
+                want = reference(ucxcomm.SUM, [inp(q, p * n, dtype)[r * n:(r + 1) * n]
+                                               for q in range(p)])
+                check(out[:n], want, ("reduce_scatter_block", dtype, n, late))
+                assert out[n] == 7, ("reduce_scatter_block wrote past its block", out)
+    assert type(comm._coll._pair).__name__ == "GroupCollectives", comm._coll._pair
+
+    def unaligned(n):  # a float64 view one byte off: the Python path
+        return np.zeros(8 * n + 1, np.uint8)[1:].view(np.float64)
+
+    for _ in range(2):
+        odd = r % 2 == 1
+        b = unaligned(3) if odd else np.zeros(3)
+        if r == 1:
+            b[:] = inp(1, 3, np.float64)
+        await comm.Bcast(b, 1)
+        check(b, inp(1, 3, np.float64), "mixed bcast")
+        out = unaligned(p) if odd else np.zeros(p)
+        await comm.Allgather(np.array([float(r)]), out)
+        check(out, np.arange(p, dtype=np.float64), "mixed allgather")
+        send = unaligned(p) if odd else np.zeros(p)
+        send[:] = 1e16 if r == 0 else 1.0
+        out = unaligned(1) if odd else np.zeros(1)
+        await comm.Reduce_scatter_block(send, out)
+        want = np.float64(1e16)
+        for _ in range(p - 1):
+            want = want + np.float64(1.0)
+        assert out[0] == want, ("mixed reduce_scatter_block", r, out[0] - 1e16)
+        await same_everywhere(comm, out, "mixed reduce_scatter_block")
+
+
 if __name__ == "__main__":
     cases.main()

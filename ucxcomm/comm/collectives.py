@@ -154,10 +154,9 @@ class Collectives:
         # Scratch of the small-Allreduce path: (dtype, shape, array, target) or None.
         self._rd_scratch: tuple[Any, Any, Any, Any] | None = None
         self._small = SmallCollectives(group)
-        # Two ranks: the compiled small collectives (made by the first call); up to
-        # SMALL_MAX_RANKS, the compiled small Allreduce (before the first call, the
-        # method that makes it).
-        self._pair: Any = _UNMADE if self.size == 2 else None
+        # Up to SMALL_MAX_RANKS: the compiled small collectives (made by the first call)
+        # and their Allreduce (before that, the method that makes them).
+        self._pair: Any = _UNMADE if 2 <= self.size <= SMALL_MAX_RANKS else None
         self._pair_ar: Any = (self._first_pair_allreduce
                               if 2 <= self.size <= SMALL_MAX_RANKS else None)
 
@@ -277,7 +276,8 @@ class Collectives:
         ring reduce-scatter + allgather (segmented) for large ones. Two ranks, small
         host arrays, SUM of 32/64-bit numbers: one call into compiled code (exchange and
         reduction; ``DONE`` is returned when it finished there); likewise up to 32
-        ranks (every input to every rank, folded in rank order)."""
+        ranks (every input to every rank, folded in rank order), and for small Bcast,
+        Allgather, Alltoall and Reduce_scatter_block."""
         pair = self._pair_ar
         if pair is not None:
             rest = pair(sendbuf, recvbuf, op)
@@ -288,11 +288,6 @@ class Collectives:
 
     def _first_pair_allreduce(self, sendbuf: Any, recvbuf: Any, op: Op) -> Any:
         """:attr:`_pair_ar` until the compiled small Allreduce is made."""
-        if self.size > 2:
-            if self._group.closed or self._group.world.closed:
-                return None
-            self._pair_ar = self._small.group_collectives(IN_PLACE).allreduce
-            return self._pair_ar(sendbuf, recvbuf, op)
         pair = self._make_pair()
         return None if pair is None else pair.allreduce(sendbuf, recvbuf, op)
 
@@ -302,7 +297,9 @@ class Collectives:
         communicator is closed (the general paths raise)."""
         if self._group.closed or self._group.world.closed:
             return None
-        pair = self._pair = self._small.pair_collectives(IN_PLACE)
+        small = self._small
+        pair = self._pair = (small.pair_collectives(IN_PLACE) if self.size == 2
+                             else small.group_collectives(IN_PLACE))
         self._pair_ar = pair.allreduce
         return pair
 

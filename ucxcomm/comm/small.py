@@ -107,9 +107,9 @@ class SmallCollectives:
             self._stag0, self._rtag0, self.rank, g.peers_all, **self._hooks(in_place))
 
     def group_collectives(self, in_place: Any) -> Any:
-        """The compiled small Allreduce of a communicator of 3 to SMALL_MAX_RANKS ranks
-        (see ``Link.group_collectives``): its ``allreduce`` returns None (not served),
-        DONE, or a rest for :meth:`allreduce_rest`."""
+        """The compiled small collectives of a communicator of 3 to SMALL_MAX_RANKS
+        ranks (see ``Link.group_collectives``): methods as :meth:`pair_collectives`'s,
+        their rests for the same finishing methods."""
         g = self._group
         links = [g.endpoint(q) for q in self._peers]
         rtags = [make_tag(g.cid, KIND_COLL, q, 0) for q in self._peers]
@@ -128,6 +128,8 @@ class SmallCollectives:
         ``(send future or None, receive result or future or None, sequence number,
         scratch)``; a receive that overflowed raises TruncationError naming ``what``."""
         sent, got, seq, _ = rest
+        if type(sent) is list:  # (three ranks or more: every send and receive)
+            return await self._wait_rest(sent, got, seq, what)
         await self._wait_rest(() if sent is None else (sent,), (got,), seq, what)
 
     async def _wait_rest(self, sent: Any, got: Any, seq: int, what: str) -> None:
@@ -175,9 +177,12 @@ class SmallCollectives:
 
     async def pair_rsb_rest(self, rest: tuple[Any, Any, int, bytearray], send: np.ndarray,
                             recv: np.ndarray) -> None:
-        """Finish a compiled two-rank Reduce_scatter_block that had to wait."""
+        """Finish a compiled Reduce_scatter_block that had to wait."""
         await self.pair_wait(rest, "Reduce_scatter_block")
-        n = send.size // 2
+        n = send.size // self.size
+        if self.size > 2:
+            rows = np.frombuffer(rest[3], send.dtype, self.size * n).reshape(self.size, n)
+            return _fold(np.add, rows, recv.reshape(-1)[:n])
         mine = send.reshape(-1)[self.rank * n:(self.rank + 1) * n]
         tmp = np.frombuffer(rest[3], send.dtype, n)
         out = recv.reshape(-1)[:n]
@@ -285,8 +290,7 @@ class SmallCollectives:
         for q in self._peers:
             ch.send(q, t.subtarget(st, q * nb, nb))
         await self._finish(ch)
-        # Row by row in rank order (numpy reduces a leading axis sequentially).
-        ufunc.reduce(rows, axis=0, out=out)
+        _fold(ufunc, rows, out)  # (row by row in rank order, as the compiled path)
         self._give(rows)
 
     async def allreduce(self, ch: Chan, send: np.ndarray, recv: np.ndarray,

@@ -1711,19 +1711,22 @@ cdef class PairCollectives:
 
 
 cdef class GroupCollectives(PairCollectives):
-    """The small Allreduce of a communicator of three or more ranks in one call into
-    compiled code (built by ``Endpoint.group_collectives`` for :mod:`ucxcomm.comm.small`).
+    """The small collectives of a communicator of three or more ranks, each in one call
+    into compiled code (built by ``Endpoint.group_collectives`` for
+    :mod:`ucxcomm.comm.small`).
 
-    What ``SmallCollectives.allreduce`` does, with the same messages and tags (so ranks
-    may mix the two paths): send this rank's input to every other rank, receive every
-    other rank's into row ``q`` of a scratch (each receive waits in place, like the
-    two-rank exchange), then fold the rows from the left in rank order, here in C.
-    Arguments are checked as :meth:`PairCollectives.allreduce` does.
+    Each does what ``SmallCollectives`` does, with the same messages and tags (so ranks
+    may mix the two paths): send to every other rank (Bcast: the root only), receive
+    from every other rank (each receive waits in place, like the two-rank exchange),
+    then, for Allreduce and Reduce_scatter_block, fold the rows (one per rank, in a
+    reused scratch) from the left in rank order, here in C. Arguments are checked as
+    :class:`PairCollectives` does.
 
-    ``allreduce`` returns None (not served: nothing done), ``done``, or ``(send futures,
-    receive results or futures, sequence number, rows)`` for the caller to finish:
-    ``rows``, a bytearray, then holds rank ``q``'s input at ``q * nbytes`` once every
-    receive is done (this rank's own row is already there).
+    A method returns None (not served: nothing done), ``done``, or ``(send futures,
+    receive results or futures, sequence number, rows or None)`` for the caller to
+    finish: ``rows``, a bytearray (reductions only), then holds rank ``q``'s
+    contribution at ``q * nbytes`` once every receive is done (this rank's own is
+    already there).
     """
 
     cdef list eps             # the Endpoint of every other rank, in rank order
@@ -1752,48 +1755,189 @@ cdef class GroupCollectives(PairCollectives):
             self.rows_ref.held = True
         return <uintptr_t>self.rows_ref.view.buf
 
+    cdef bint _closed_ep(self) except -1:
+        for ep in self.eps:
+            if ep._closed:
+                return True
+        return False
+
+    cdef tuple _post_all(self, BufRef sref, uintptr_t sbase, Py_ssize_t sstep,
+                         Py_ssize_t nb, uintptr_t rbase, object rkeep, object seq):
+        """Send ``nb`` bytes at ``sbase + q * sstep`` to every other rank ``q``, then
+        receive ``q``'s ``nb`` bytes into ``rbase + q * nb``, each waited for in place:
+        ``(send futures, receive results or futures, all received whole)``."""
+        cdef Op rop
+        cdef Py_ssize_t i, q
+        cdef bint whole = True
+        eng = self.eng
+        cdef uint64_t stag = self.stag0 | <uint64_t>seq
+        sends = []
+        for i in range(self.size - 1):
+            ep = self.eps[i]
+            q = self.ranks[i]
+            sent = eng._send_to(<uintptr_t>ep._handle, sbase + q * sstep, <size_t>nb, sref,
+                                stag, ep._peers, bool(ep._fast))
+            if sent is not None:
+                sends.append(sent)
+        eng._check(self.rpeers)
+        got = []
+        for i in range(self.size - 1):
+            rop = self._recv_op(rbase + <uintptr_t>self.ranks[i] * nb, <size_t>nb, rkeep, seq)
+            rop.tag = <uint64_t>self.rtags[i] | <uint64_t>seq
+            res = eng._post_match(rop, True)
+            got.append(res)
+            if type(res) is not tuple or rop.length != rop.cap:
+                whole = False
+        return sends, got, whole
+
+    cdef object _rows_out(self, tuple res, object seq, bint rows):
+        """What a call that must wait returns (the rows become the caller's)."""
+        out = (res[0], res[1], seq, self.rows if rows else None)
+        if rows:
+            self.rows = None  # (receives may still write it)
+            self.rows_ref = None
+        return out
+
     def allreduce(self, send, recv, op):
         """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
         cdef BufRef rref, sref
-        cdef Op rop
-        cdef Py_ssize_t i, n
+        cdef Py_ssize_t n
         cdef uintptr_t base
-        cdef bint whole = True
         args = self._allreduce_args(send, recv, op)
-        if args is None:
+        if args is None or self._closed_ep():
             return None
-        for ep in self.eps:
-            if ep._closed:
-                return None
         sref, rref = args
         n = rref.view.len
         self.check_open()
         seq = self.next_seq()
         base = self._rows()
         memmove(<char *>base + self.rank * n, sref.view.buf, n)
-        eng = self.eng
-        cdef uint64_t stag = self.stag0 | <uint64_t>seq
-        sends = []
-        for ep in self.eps:
-            sent = eng._send_to(<uintptr_t>ep._handle, <uintptr_t>sref.view.buf, <size_t>n,
-                                sref, stag, ep._peers, bool(ep._fast))
-            if sent is not None:
-                sends.append(sent)
-        eng._check(self.rpeers)
-        got = []
-        for i in range(self.size - 1):
-            rop = self._recv_op(base + <uintptr_t>self.ranks[i] * n, <size_t>n,
-                                self.rows_ref, seq)
-            rop.tag = <uint64_t>self.rtags[i] | <uint64_t>seq
-            res = eng._post_match(rop, True)
-            got.append(res)
-            if type(res) is not tuple or rop.length != rop.cap:
-                whole = False
-        if whole and not sends:
+        res = self._post_all(sref, <uintptr_t>sref.view.buf, 0, n, base, self.rows_ref, seq)
+        if res[2] and not res[0]:
             _sum_rows(self.last_kind, <const char *>base, self.size, n,
                       <char *>rref.view.buf)
             return self.done
-        out = (sends, got, seq, self.rows)
-        self.rows = None  # (receives may still write it)
-        self.rows_ref = None
-        return out
+        return self._rows_out(res, seq, True)
+
+    def reduce_scatter_block(self, send, recv, op):
+        """``Reduce_scatter_block(send, recv, op)``: block ``q`` of ``send`` to rank
+        ``q``; this rank's block of every rank's folded into the start of ``recv``."""
+        cdef BufRef rref, sref
+        cdef uintptr_t base
+        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+            return None
+        dt = recv.dtype
+        if self._kernel(op, dt) == 0 or send.dtype is not dt or self._closed_ep():
+            return None
+        sref = self._view(send, PyBUF_SIMPLE)
+        if sref is None:
+            return None
+        cdef Py_ssize_t nb = sref.view.len // self.size
+        if (sref.view.len % (self.size * self.last_size) or nb > self.small_max
+                or <uintptr_t>sref.view.buf % <uintptr_t>self.last_size):
+            return None
+        rref = self._view(recv, PyBUF_WRITABLE)
+        if (rref is None or rref.view.len < nb
+                or <uintptr_t>rref.view.buf % <uintptr_t>self.last_size):
+            return None
+        self.check_open()
+        seq = self.next_seq()
+        base = self._rows()
+        memmove(<char *>base + self.rank * nb,
+                <const char *>sref.view.buf + self.rank * nb, nb)
+        res = self._post_all(sref, <uintptr_t>sref.view.buf, nb, nb, base, self.rows_ref,
+                             seq)
+        if res[2] and not res[0]:
+            _sum_rows(self.last_kind, <const char *>base, self.size, nb,
+                      <char *>rref.view.buf)
+            return self.done
+        return self._rows_out(res, seq, True)
+
+    def allgather(self, send, recv):
+        """``Allgather(send, recv)``: every rank's block in rank order in ``recv``."""
+        cdef BufRef rref, sref
+        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+            return None
+        dt = recv.dtype
+        if send.dtype is not dt or not self._plain(dt) or self._closed_ep():
+            return None
+        sref = self._view(send, PyBUF_SIMPLE)
+        if sref is None or sref.view.len > self.small_max:
+            return None
+        cdef Py_ssize_t nb = sref.view.len
+        rref = self._view(recv, PyBUF_WRITABLE)
+        if rref is None or rref.view.len != self.size * nb:
+            return None
+        self.check_open()
+        seq = self.next_seq()
+        memmove(<char *>rref.view.buf + self.rank * nb, sref.view.buf, nb)
+        res = self._post_all(sref, <uintptr_t>sref.view.buf, 0, nb,
+                             <uintptr_t>rref.view.buf, rref, seq)
+        if res[2] and not res[0]:
+            return self.done
+        return self._rows_out(res, seq, False)
+
+    def alltoall(self, send, recv):
+        """``Alltoall(send, recv)``: block ``q`` of ``send`` to rank ``q``, its block for
+        this rank into block ``q`` of ``recv``."""
+        cdef BufRef rref, sref
+        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+            return None
+        dt = recv.dtype
+        if send.dtype is not dt or not self._plain(dt) or self._closed_ep():
+            return None
+        sref = self._view(send, PyBUF_SIMPLE)
+        if sref is None:
+            return None
+        cdef Py_ssize_t nb = sref.view.len // self.size
+        if sref.view.len % (self.size * sref.view.itemsize) or nb > self.small_max:
+            return None
+        rref = self._view(recv, PyBUF_WRITABLE)
+        if rref is None or rref.view.len != sref.view.len:
+            return None
+        self.check_open()
+        seq = self.next_seq()
+        memmove(<char *>rref.view.buf + self.rank * nb,
+                <const char *>sref.view.buf + self.rank * nb, nb)
+        res = self._post_all(sref, <uintptr_t>sref.view.buf, nb, nb,
+                             <uintptr_t>rref.view.buf, rref, seq)
+        if res[2] and not res[0]:
+            return self.done
+        return self._rows_out(res, seq, False)
+
+    def bcast(self, buf, root):
+        """``Bcast(buf, root)``: the root sends to every rank, the others receive in
+        place."""
+        cdef BufRef ref
+        cdef Op rop
+        cdef Py_ssize_t i
+        if (type(buf) is not self.ndarray or type(root) is not int
+                or not 0 <= root < self.size):
+            return None
+        dt = buf.dtype
+        if not self._plain(dt) or self._closed_ep():
+            return None
+        cdef bint sender = root == self.rank
+        ref = self._view(buf, PyBUF_SIMPLE if sender else PyBUF_WRITABLE)
+        if ref is None or ref.view.len > self.small_max:
+            return None
+        self.check_open()
+        seq = self.next_seq()
+        eng = self.eng
+        if sender:
+            sends = []
+            for ep in self.eps:
+                sent = eng._send_to(<uintptr_t>ep._handle, <uintptr_t>ref.view.buf,
+                                    <size_t>ref.view.len, ref, self.stag0 | <uint64_t>seq,
+                                    ep._peers, bool(ep._fast))
+                if sent is not None:
+                    sends.append(sent)
+            return self.done if not sends else (sends, [], seq, None)
+        eng._check(self.rpeers)
+        i = self.ranks.index(root)
+        rop = self._recv_op(<uintptr_t>ref.view.buf, <size_t>ref.view.len, ref, seq)
+        rop.tag = <uint64_t>self.rtags[i] | <uint64_t>seq
+        got = eng._post_match(rop, True)
+        if type(got) is tuple and rop.length == rop.cap:
+            return self.done
+        return ([], [got], seq, None)

@@ -89,14 +89,15 @@ class Link(ABC):
     @abstractmethod
     def group_collectives(self, links: Sequence[Link], stag0: int, rtag0s: Sequence[int],
                           rank: int, rpeers: Any, **hooks: Any) -> Any:
-        """The small Allreduce of a communicator of three or more ranks in one call into
-        compiled code: method ``allreduce(send, recv, op)`` sends to ``links`` (every
-        other rank's link, in rank order, this one among them) with tag ``stag0 | seq``,
-        receives rank ``links[i]``'s input tagged ``rtag0s[i] | seq``, then folds the
-        inputs from the left in rank order. ``rank`` is this rank, ``hooks`` as for
-        :meth:`pair_collectives`. A call returns None (not served), ``done``, or ``(send
-        futures, receive results or futures, sequence number, rows)`` for the caller to
-        finish (``rows`` holds rank ``q``'s input at ``q * nbytes``)."""
+        """The small collectives of a communicator of three or more ranks, one call into
+        compiled code each, with the methods of :meth:`pair_collectives`: each sends to
+        ``links`` (every other rank's link, in rank order, this one among them) with tag
+        ``stag0 | seq`` and receives from ``links[i]`` the message tagged ``rtag0s[i] |
+        seq``; reductions fold the contributions from the left in rank order. ``rank``
+        is this rank, ``hooks`` as for :meth:`pair_collectives`. A call returns None (not
+        served), ``done``, or ``(send futures, receive results or futures, sequence
+        number, rows or None)`` for the caller to finish (a reduction's ``rows`` holds
+        rank ``q``'s contribution at ``q * nbytes``)."""
 
     @abstractmethod
     def transports(self) -> list[tuple[str, str]]:
