@@ -352,8 +352,7 @@ class SmallCollectives:
         res = ep.exchange(self._transport.send_ptr(send), self._stag0 | seq, cached[1],
                           self._rtag0 | seq, g.peers_all)
         if res is not None:
-            return self._allreduce_rest(Chan(g, seq, "Allreduce"), res, send, recv, ufunc,
-                                        cached, True)
+            return self._allreduce_rest(seq, res, send, recv, ufunc, cached, True)
         if self.rank == 0:
             ufunc(send, cached[0], out=recv)
         else:
@@ -361,24 +360,14 @@ class SmallCollectives:
         self._pair[key] = cached
         return DONE
 
-    async def _allreduce_rest(self, ch: Chan, res: tuple[Any, Any], send: np.ndarray,
+    async def _allreduce_rest(self, seq: int, res: tuple[Any, Any], send: np.ndarray,
                               recv: np.ndarray, ufunc: Any,
                               cached: tuple[np.ndarray, Any], reuse: bool) -> None:
-        """The rest of :meth:`allreduce_now` when its exchange has to wait (or the
-        message did not fit): as :meth:`_allreduce_pair` from its wait on. ``reuse``:
-        put ``cached`` (scratch, receive target) back for later calls."""
+        """The rest of :meth:`allreduce_now` (call ``seq``) when its exchange has to wait
+        (or the message did not fit): as :meth:`_allreduce_pair` from its wait on.
+        ``reuse``: put ``cached`` (scratch, receive target) back for later calls."""
         sent, got = res
-        if sent is not None:
-            ch.sends.append(sent)
-        if type(got) is tuple:
-            try:
-                _whole(got)
-            except TruncationError as exc:
-                ch.failed()
-                raise ch._named(exc) from None
-        else:
-            ch.recvs.append(got)
-        await self._finish(ch)
+        await self._wait_rest(() if sent is None else (sent,), (got,), seq, "Allreduce")
         tmp = cached[0]
         if self.rank == 0:
             ufunc(send, tmp, out=recv)

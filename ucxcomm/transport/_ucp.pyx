@@ -379,6 +379,20 @@ cdef object _make_status(uint64_t stag, size_t nbytes):
     return s
 
 
+cdef Op _target_op(tuple t, uint64_t tag, uint64_t mask, object peers):
+    """A receive of the message matching ``(tag, mask)`` into target ``t``."""
+    cdef Op op = Op.__new__(Op)
+    op.peers = peers
+    op.tag = tag
+    op.mask = mask
+    op.ptr = <uintptr_t>t[0]
+    op.cap = <size_t>t[1]
+    op.keep = t[2]
+    op.device = t[3]
+    op.has_ptr = True
+    return op
+
+
 cdef class TagEngine:
     """The pending tag operations of one UCX worker (see the module docstring).
 
@@ -604,16 +618,8 @@ cdef class TagEngine:
         outgrows it is consumed without writing the buffer.
         """
         self._check(None)
-        cdef Op op = Op.__new__(Op)
-        op.peers = peers
-        op.tag = tag
-        op.mask = mask
+        cdef Op op = _target_op(t, tag, mask, peers)
         op.finish = finish
-        op.ptr = <uintptr_t>t[0]
-        op.cap = <size_t>t[1]
-        op.keep = t[2]
-        op.device = t[3]
-        op.has_ptr = True
         op.posted = post  # (a request: set again when it is posted to UCX)
         return self._post_match(op, spin)
 
@@ -640,15 +646,7 @@ cdef class TagEngine:
         ``(sender_tag, nbytes, capacity)`` or future (the caller waits for those and
         checks the size).
         """
-        cdef Op op = Op.__new__(Op)
-        op.peers = rpeers
-        op.tag = rtag
-        op.mask = FULL_MASK
-        op.ptr = <uintptr_t>rt[0]
-        op.cap = <size_t>rt[1]
-        op.keep = rt[2]
-        op.device = rt[3]
-        op.has_ptr = True
+        cdef Op op = _target_op(rt, rtag, FULL_MASK, rpeers)
         res = self._exchange(ep, <uintptr_t>st[0], <size_t>st[1], st[2], stag, speers, fast,
                              op)
         if res[0] is None and type(res[1]) is tuple and op.length == op.cap:
