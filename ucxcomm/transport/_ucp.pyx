@@ -1442,6 +1442,7 @@ cdef class PairCollectives:
     cdef object speers, rpeers
     cdef bint first           # rank 0: this rank's operand goes on the left
     cdef int rank
+    cdef int size             # the communicator's ranks (2 here)
     cdef uint64_t stag0, rtag0
     cdef object ndarray, in_place, done, next_seq, check_open, native, tuning, ring_key
     cdef Py_ssize_t small_max
@@ -1460,6 +1461,7 @@ cdef class PairCollectives:
         self.speers = speers
         self.rpeers = rpeers
         self.rank = rank
+        self.size = 2
         self.first = rank == 0
         self.stag0 = stag0
         self.rtag0 = rtag0
@@ -1536,6 +1538,67 @@ cdef class PairCollectives:
         return self.eng._exchange(<uintptr_t>ep._handle, sptr, sn, sref,
                                   self.stag0 | seq, self.speers, bool(ep._fast), rop)
 
+    cdef bint _closed_ep(self) except -1:
+        return bool(self.ep._closed)
+
+    cdef tuple _rsb_views(self, send, recv, op):
+        """``(send view, recv view, block bytes)`` of a Reduce_scatter_block this class
+        serves, else None."""
+        cdef BufRef rref, sref
+        cdef Py_ssize_t nb
+        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+            return None
+        dt = recv.dtype
+        if self._kernel(op, dt) == 0 or send.dtype is not dt or self._closed_ep():
+            return None
+        sref = self._view(send, PyBUF_SIMPLE)
+        if sref is None:
+            return None
+        nb = sref.view.len // self.size
+        if (sref.view.len % (self.size * self.last_size) or nb > self.small_max
+                or <uintptr_t>sref.view.buf % <uintptr_t>self.last_size):
+            return None
+        rref = self._view(recv, PyBUF_WRITABLE)
+        if (rref is None or rref.view.len < nb
+                or <uintptr_t>rref.view.buf % <uintptr_t>self.last_size):
+            return None
+        return sref, rref, nb
+
+    cdef tuple _copy_views(self, send, recv, bint split):
+        """``(send view, recv view, block bytes)`` of an Allgather (``split`` false:
+        ``send`` is one block) or Alltoall (``split``: ``send`` holds one block per rank)
+        this class serves, else None."""
+        cdef BufRef rref, sref
+        cdef Py_ssize_t nb
+        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+            return None
+        dt = recv.dtype
+        if send.dtype is not dt or not self._plain(dt) or self._closed_ep():
+            return None
+        sref = self._view(send, PyBUF_SIMPLE)
+        if sref is None:
+            return None
+        nb = sref.view.len // self.size if split else sref.view.len
+        if nb > self.small_max or (split and sref.view.len % (self.size * sref.view.itemsize)):
+            return None
+        rref = self._view(recv, PyBUF_WRITABLE)
+        if rref is None or rref.view.len != self.size * nb:
+            return None
+        return sref, rref, nb
+
+    cdef BufRef _bcast_view(self, buf, root):
+        """The view of a Bcast's buffer this class serves, else None."""
+        cdef BufRef ref
+        if (type(buf) is not self.ndarray or type(root) is not int
+                or not 0 <= root < self.size):
+            return None
+        if not self._plain(buf.dtype) or self._closed_ep():
+            return None
+        ref = self._view(buf, PyBUF_SIMPLE if root == self.rank else PyBUF_WRITABLE)
+        if ref is None or ref.view.len > self.small_max:
+            return None
+        return ref
+
     # ------------------------------------------------------------ the collectives
     cdef tuple _allreduce_args(self, send, recv, op):
         """``(send view, recv view)`` of an Allreduce this class serves, else None."""
@@ -1550,7 +1613,7 @@ cdef class PairCollectives:
         dt = recv.dtype
         if self._kernel(op, dt) == 0 or (send is not recv and send.dtype is not dt):
             return None
-        if self.ep._closed:
+        if self._closed_ep():
             return None
         rref = self._view(recv, PyBUF_WRITABLE)
         if rref is None:
@@ -1592,22 +1655,11 @@ cdef class PairCollectives:
         ``q``; this rank's block of both reduced into the start of ``recv``."""
         cdef BufRef rref, sref
         cdef Op rop
-        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+        cdef Py_ssize_t nb
+        args = self._rsb_views(send, recv, op)
+        if args is None:
             return None
-        dt = recv.dtype
-        if self._kernel(op, dt) == 0 or send.dtype is not dt or self.ep._closed:
-            return None
-        sref = self._view(send, PyBUF_SIMPLE)
-        if sref is None:
-            return None
-        cdef Py_ssize_t nb = sref.view.len // 2
-        if (sref.view.len % (2 * self.last_size) or nb > self.small_max
-                or <uintptr_t>sref.view.buf % <uintptr_t>self.last_size):
-            return None
-        rref = self._view(recv, PyBUF_WRITABLE)
-        if (rref is None or rref.view.len < nb
-                or <uintptr_t>rref.view.buf % <uintptr_t>self.last_size):
-            return None
+        sref, rref, nb = args
         self.check_open()
         seq = self.next_seq()
         rop = self._recv_op(self._scratch(), <size_t>nb, self.scratch_ref, seq)
@@ -1624,18 +1676,11 @@ cdef class PairCollectives:
         """``Allgather(send, recv)``: both blocks in rank order in ``recv``."""
         cdef BufRef rref, sref
         cdef Op rop
-        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+        cdef Py_ssize_t nb
+        args = self._copy_views(send, recv, False)
+        if args is None:
             return None
-        dt = recv.dtype
-        if send.dtype is not dt or not self._plain(dt) or self.ep._closed:
-            return None
-        sref = self._view(send, PyBUF_SIMPLE)
-        if sref is None or sref.view.len > self.small_max:
-            return None
-        cdef Py_ssize_t nb = sref.view.len
-        rref = self._view(recv, PyBUF_WRITABLE)
-        if rref is None or rref.view.len != 2 * nb:
-            return None
+        sref, rref, nb = args
         self.check_open()
         seq = self.next_seq()
         memmove(<char *>rref.view.buf + self.rank * nb, sref.view.buf, nb)
@@ -1651,20 +1696,11 @@ cdef class PairCollectives:
         for this rank into block ``q`` of ``recv``."""
         cdef BufRef rref, sref
         cdef Op rop
-        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+        cdef Py_ssize_t nb
+        args = self._copy_views(send, recv, True)
+        if args is None:
             return None
-        dt = recv.dtype
-        if send.dtype is not dt or not self._plain(dt) or self.ep._closed:
-            return None
-        sref = self._view(send, PyBUF_SIMPLE)
-        if sref is None:
-            return None
-        cdef Py_ssize_t nb = sref.view.len // 2
-        if sref.view.len % (2 * sref.view.itemsize) or nb > self.small_max:
-            return None
-        rref = self._view(recv, PyBUF_WRITABLE)
-        if rref is None or rref.view.len != sref.view.len:
-            return None
+        sref, rref, nb = args
         self.check_open()
         seq = self.next_seq()
         memmove(<char *>rref.view.buf + self.rank * nb,
@@ -1679,17 +1715,11 @@ cdef class PairCollectives:
 
     def bcast(self, buf, root):
         """``Bcast(buf, root)``: the root sends, the other rank receives in place."""
-        cdef BufRef ref
         cdef Op rop
-        if type(buf) is not self.ndarray or type(root) is not int or not 0 <= root <= 1:
-            return None
-        dt = buf.dtype
-        if not self._plain(dt) or self.ep._closed:
+        cdef BufRef ref = self._bcast_view(buf, root)
+        if ref is None:
             return None
         cdef bint sender = root == self.rank
-        ref = self._view(buf, PyBUF_SIMPLE if sender else PyBUF_WRITABLE)
-        if ref is None or ref.view.len > self.small_max:
-            return None
         self.check_open()
         seq = self.next_seq()
         if sender:
@@ -1730,7 +1760,6 @@ cdef class GroupCollectives(PairCollectives):
     cdef list eps             # the Endpoint of every other rank, in rank order
     cdef list ranks           # their ranks
     cdef list rtags           # their messages' tags, sequence number 0
-    cdef int size
     cdef object rows          # bytearray(size * small_max), None after a hand-off
     cdef BufRef rows_ref
 
@@ -1802,7 +1831,7 @@ cdef class GroupCollectives(PairCollectives):
         cdef Py_ssize_t n
         cdef uintptr_t base
         args = self._allreduce_args(send, recv, op)
-        if args is None or self._closed_ep():
+        if args is None:
             return None
         sref, rref = args
         n = rref.view.len
@@ -1822,22 +1851,11 @@ cdef class GroupCollectives(PairCollectives):
         ``q``; this rank's block of every rank's folded into the start of ``recv``."""
         cdef BufRef rref, sref
         cdef uintptr_t base
-        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+        cdef Py_ssize_t nb
+        args = self._rsb_views(send, recv, op)
+        if args is None:
             return None
-        dt = recv.dtype
-        if self._kernel(op, dt) == 0 or send.dtype is not dt or self._closed_ep():
-            return None
-        sref = self._view(send, PyBUF_SIMPLE)
-        if sref is None:
-            return None
-        cdef Py_ssize_t nb = sref.view.len // self.size
-        if (sref.view.len % (self.size * self.last_size) or nb > self.small_max
-                or <uintptr_t>sref.view.buf % <uintptr_t>self.last_size):
-            return None
-        rref = self._view(recv, PyBUF_WRITABLE)
-        if (rref is None or rref.view.len < nb
-                or <uintptr_t>rref.view.buf % <uintptr_t>self.last_size):
-            return None
+        sref, rref, nb = args
         self.check_open()
         seq = self.next_seq()
         base = self._rows()
@@ -1854,18 +1872,11 @@ cdef class GroupCollectives(PairCollectives):
     def allgather(self, send, recv):
         """``Allgather(send, recv)``: every rank's block in rank order in ``recv``."""
         cdef BufRef rref, sref
-        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+        cdef Py_ssize_t nb
+        args = self._copy_views(send, recv, False)
+        if args is None:
             return None
-        dt = recv.dtype
-        if send.dtype is not dt or not self._plain(dt) or self._closed_ep():
-            return None
-        sref = self._view(send, PyBUF_SIMPLE)
-        if sref is None or sref.view.len > self.small_max:
-            return None
-        cdef Py_ssize_t nb = sref.view.len
-        rref = self._view(recv, PyBUF_WRITABLE)
-        if rref is None or rref.view.len != self.size * nb:
-            return None
+        sref, rref, nb = args
         self.check_open()
         seq = self.next_seq()
         memmove(<char *>rref.view.buf + self.rank * nb, sref.view.buf, nb)
@@ -1879,20 +1890,11 @@ cdef class GroupCollectives(PairCollectives):
         """``Alltoall(send, recv)``: block ``q`` of ``send`` to rank ``q``, its block for
         this rank into block ``q`` of ``recv``."""
         cdef BufRef rref, sref
-        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
+        cdef Py_ssize_t nb
+        args = self._copy_views(send, recv, True)
+        if args is None:
             return None
-        dt = recv.dtype
-        if send.dtype is not dt or not self._plain(dt) or self._closed_ep():
-            return None
-        sref = self._view(send, PyBUF_SIMPLE)
-        if sref is None:
-            return None
-        cdef Py_ssize_t nb = sref.view.len // self.size
-        if sref.view.len % (self.size * sref.view.itemsize) or nb > self.small_max:
-            return None
-        rref = self._view(recv, PyBUF_WRITABLE)
-        if rref is None or rref.view.len != sref.view.len:
-            return None
+        sref, rref, nb = args
         self.check_open()
         seq = self.next_seq()
         memmove(<char *>rref.view.buf + self.rank * nb,
@@ -1906,19 +1908,12 @@ cdef class GroupCollectives(PairCollectives):
     def bcast(self, buf, root):
         """``Bcast(buf, root)``: the root sends to every rank, the others receive in
         place."""
-        cdef BufRef ref
         cdef Op rop
         cdef Py_ssize_t i
-        if (type(buf) is not self.ndarray or type(root) is not int
-                or not 0 <= root < self.size):
-            return None
-        dt = buf.dtype
-        if not self._plain(dt) or self._closed_ep():
+        cdef BufRef ref = self._bcast_view(buf, root)
+        if ref is None:
             return None
         cdef bint sender = root == self.rank
-        ref = self._view(buf, PyBUF_SIMPLE if sender else PyBUF_WRITABLE)
-        if ref is None or ref.view.len > self.small_max:
-            return None
         self.check_open()
         seq = self.next_seq()
         eng = self.eng
