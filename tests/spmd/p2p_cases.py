@@ -257,6 +257,53 @@ async def posted_receives(comm):
 
 
 @case
+async def irecv_at_the_call(comm):
+    """Irecv of a communicator's repeated (source, tag) is one crossing into compiled
+    code (issue 10): messages already here finish at the call, in matching order, with
+    their Status; one that outgrew its buffer raises TruncationError, the prefix
+    written; bad buffers still fail at the call with the clear errors."""
+    if comm.size < 2:
+        return
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    warm = np.zeros(4, np.int32)  # (source, tag) now in the communicator's cache
+    req = comm.Irecv(warm, left, 21)
+    await comm.Send(np.arange(4, dtype=np.int32), right, 21)
+    assert (await req).nbytes == 16 and (warm == np.arange(4)).all(), warm
+    ro = np.zeros(4, np.int32)
+    ro.flags.writeable = False
+    for exc, bad in ((ValueError, np.zeros((4, 4), np.int32)[:, ::2]), (ValueError, ro),
+                     (TypeError, 12345)):
+        try:
+            comm.Irecv(bad, left, 21)
+        except exc:
+            pass
+        else:
+            raise AssertionError(f"Irecv({bad!r}) did not raise {exc.__name__}")
+    n = 32
+    sends = [comm.Isend(np.full(i + 1, i, np.int32), right, 21) for i in range(n)]
+    sends.append(comm.Isend(np.arange(100, dtype=np.int32), right, 21))
+    await ucxcomm.Request.waitall(sends)
+    await comm.barrier()  # every message is here before any receive is posted
+    outs = [np.full(n, -1, np.int32) for _ in range(n)]
+    reqs = [comm.Irecv(o, left, 21) for o in outs]
+    short = np.zeros(10, np.int32)
+    trunc = comm.Irecv(short, left, 21)
+    assert all(r.done() for r in reqs) and trunc.done()
+    for i, (r, o) in enumerate(zip(reqs, outs, strict=True)):
+        st = await r
+        assert (st.source, st.tag, st.nbytes) == (left, 21, 4 * (i + 1)), st
+        assert (o[:i + 1] == i).all() and (o[i + 1:] == -1).all(), (i, o)
+    try:
+        await trunc
+    except ucxcomm.TruncationError as exc:
+        assert (exc.nbytes, exc.capacity, exc.status.source) == (400, 40, left), exc
+    else:
+        raise AssertionError("no TruncationError")
+    assert (short == np.arange(10)).all(), short  # the prefix
+    await comm.barrier()
+
+
+@case
 async def cancellation(comm):
     """Cancelling a pending receive withdraws it: its buffer is never written and the
     message goes to the next receive."""

@@ -304,9 +304,10 @@ class Comm:
             got = self._match_cache.get((KIND_P2P, source, tag))
         if got is None or self._group.closed or self._world.closed:
             res = self._post_recv(buf, source, tag, KIND_P2P, False, recv_status, True)
-        else:  # checked when it was cached
-            res = transport.recv_into(transport.recv_ptr(buf), got[0], got[1], got[2],
-                                      recv_status, False, True)
+        else:  # checked when it was cached; one crossing (the Status made there)
+            res = transport.irecv(buf, got[0], got[1], got[2], recv_status)
+            if type(res) is Status:
+                return Request(None, None, None, res)
         if type(res) is tuple:
             try:
                 return Request.completed(recv_status(res))

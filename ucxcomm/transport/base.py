@@ -241,6 +241,13 @@ class Transport(ABC):
         (faster, see Worker.recv_into)."""
 
     @abstractmethod
+    def irecv(self, obj: Any, tag: int, mask: int, peers: Peers,
+              finish: Callable[[RecvResult], Any]) -> Any:
+        """``Comm.Irecv`` in one call: :meth:`recv_ptr` then :meth:`recv_into` with
+        ``post``, mapped by ``finish`` also when done at once and the message fitted;
+        ``(sender_tag, nbytes, capacity)`` when it outgrew ``obj``; else a future."""
+
+    @abstractmethod
     def recv_alloc(self, tag: int, mask: int, peers: Peers,
                    spin: bool = False) -> RecvResult | asyncio.Future:
         """Like :meth:`recv_into` into new memory of the message's size:

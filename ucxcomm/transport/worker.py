@@ -78,7 +78,7 @@ PEER_GRACE_S = 0.05
 #: documented methods below, which say what each does): the hot paths cost one call
 #: into compiled code, not a Python frame plus one.
 _ENGINE_METHODS = ("send", "send_raw", "exchange", "send_ptr", "recv_ptr", "subtarget", "tag_recv",
-                   "recv_into", "recv_alloc", "probe", "probe_wait", "cancel",
+                   "recv_into", "irecv", "recv_alloc", "probe", "probe_wait", "cancel",
                    "stream_send", "stream_recv", "pending", "poll")
 
 
@@ -377,6 +377,15 @@ class Worker(Transport):
         the buffer (``nbytes > capacity`` all the same)."""
         return self._eng.recv_into(  # type: ignore[no-any-return]
             target, tag, mask, peers, finish, spin, post)
+
+    def irecv(self, obj: Any, tag: int, mask: int, peers: Peers,
+              finish: Callable[[RecvResult], Any]) -> Any:
+        """:meth:`recv_ptr` and :meth:`recv_into` with ``post`` in one call, the result
+        mapped by ``finish`` also when the message was there (``finish(result)``, built
+        natively for the :meth:`fast_status` function); a message that outgrew ``obj``
+        gives ``(sender_tag, nbytes, capacity)``, one that must be waited for a
+        future."""
+        return self._eng.irecv(obj, tag, mask, peers, finish)
 
     def recv_alloc(self, tag: int, mask: int, peers: Peers,
                    spin: bool = False) -> RecvResult | asyncio.Future:
