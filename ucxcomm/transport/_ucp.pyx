@@ -21,6 +21,7 @@ the C compiler checks them against it.
 
 from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release,
                              PyObject_GetBuffer)
+from cpython.object cimport PyObject, PyTypeObject
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, memmove
 
@@ -371,8 +372,12 @@ def fast_status(fn, cls, uint64_t src_mask, int src_shift, uint64_t tag_mask):
     _status_src_mask, _status_src_shift, _status_tag_mask = src_mask, src_shift, tag_mask
 
 
+cdef tuple _NO_ARGS = ()
+
+
 cdef object _make_status(uint64_t stag, size_t nbytes):
-    s = _status_cls.__new__(_status_cls)
+    # (the class's own tp_new: no lookup of __new__, no bound call)
+    s = (<PyTypeObject *>_status_cls).tp_new(_status_cls, <PyObject *>_NO_ARGS, NULL)
     s.source = <long long>((stag & _status_src_mask) >> _status_src_shift)
     s.tag = <long long>(stag & _status_tag_mask)
     s.nbytes = nbytes
