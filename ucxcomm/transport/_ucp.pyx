@@ -434,6 +434,7 @@ cdef class TagEngine:
     cdef object _ready         # the event loop's ready queue (may be None)
     cdef object _others_ready  # Progress.others_ready (None: any ready callback counts)
     cdef double _spin_s
+    cdef bint _yield           # a spin gives the core away on every turn
     cdef bint _cuda
     cdef public bint _closed
     cdef object _status_error  # _ucx.status_error
@@ -442,7 +443,7 @@ cdef class TagEngine:
     cdef int _truncated        # UCS_ERR_MESSAGE_TRUNCATED
 
     def _engine_setup(self, uintptr_t worker_handle, loop, ready, double spin_s, bint cuda,
-                      status_error, others_ready=None):
+                      status_error, others_ready=None, bint spin_yield=True):
         self._wh = worker_handle
         self._reqs = []
         self._probes = []
@@ -459,6 +460,7 @@ cdef class TagEngine:
         self._ready = ready
         self._others_ready = others_ready
         self._spin_s = spin_s
+        self._yield = spin_yield
         self._cuda = cuda
         self._status_error = status_error
         consts = constants()
@@ -871,9 +873,11 @@ cdef class TagEngine:
                 self._poll_reqs()  # others' requests complete meanwhile
             # More ranks than cores: the rank we wait for may be waiting for this core.
             # Without this, 8 B Allreduce at 4 ranks on 2 cores took 200-320 us (the
-            # spinner held the core until the scheduler's tick); with it 7.6 us. Alone on
-            # a core the call returns at once (2 ranks: 1.16 -> 1.06 us per Allreduce).
-            sched_yield()
+            # spinner held the core until the scheduler's tick); with it 7.6 us. With a
+            # core each it only costs the call (~0.17 us here: 8 B latency 1.36 -> 1.50
+            # us), so it is on only then (Worker: UCXCOMM_SPIN_YIELD).
+            if self._yield:
+                sched_yield()
         return False
 
     cdef inline bint _others(self, object ready) except -1:

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from .. import settings
@@ -82,6 +83,16 @@ _ENGINE_METHODS = ("send", "send_raw", "exchange", "send_ptr", "recv_ptr", "subt
                    "stream_send", "stream_recv", "pending", "poll")
 
 
+def spin_yield(env: Mapping[str, str] | None = None) -> bool:
+    """Whether spinning waiters yield their core on every turn (``UCXCOMM_SPIN_YIELD``;
+    auto: when this host's ranks outnumber this process's cores, or are not known)."""
+    choice = settings.get("UCXCOMM_SPIN_YIELD", env)
+    if choice != "auto":
+        return bool(choice)
+    local = settings.get("UCXCOMM_LOCAL_SIZE", env)
+    return local is None or local > len(os.sched_getaffinity(0))
+
+
 class Worker(Transport):
     """A UCX context + worker driven by the running asyncio loop (see the module doc).
 
@@ -129,7 +140,7 @@ class Worker(Transport):
         eng = self._eng = _ucx.ucp.TagEngine()
         eng._engine_setup(self._worker.handle, self._loop, self._progress.ready,
                           self._progress.spin_s, self._cuda, _ucx.status_error,
-                          self._progress.others_ready)
+                          self._progress.others_ready, spin_yield())
         for name in _ENGINE_METHODS:
             setattr(self, name, getattr(eng, name))
         self.wake = self._progress.kick  # type: ignore[method-assign]  # (per message)
