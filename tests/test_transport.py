@@ -75,6 +75,23 @@ async def test_cancel_unmatched_probe_receive(pair):
     assert res[1] == 8 and buf == bytearray(8)  # the cancelled buffer was never written
 
 
+async def test_endpoint_isend_is_one_compiled_call_that_knows_closing(pair):
+    """Endpoint.isend is the engine's per-endpoint sender (issue 10: no Python frame per
+    send); it follows the endpoint: a closed endpoint refuses before touching UCX."""
+    _a, b, ep = pair
+    func = getattr(ep.isend, "__func__", ep.isend)
+    assert type(func).__name__ == "cython_function_or_method", type(func)
+    fut = ep.isend(b"abcd", 7)
+    if fut is not None:
+        await _a.complete(fut)
+    res = b.recv_into(b.recv_ptr(bytearray(4)), 7, FULL_MASK, None)
+    res = res if type(res) is tuple else await b.complete(res)
+    assert res[1] == 4
+    ep.abort()
+    with pytest.raises(ClosedError):
+        ep.isend(b"abcd", 7)
+
+
 async def test_dead_peer_fails_pending_ops(pair, monkeypatch):
     from ucxcomm.transport import worker as worker_mod
 

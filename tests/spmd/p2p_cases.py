@@ -300,6 +300,22 @@ async def irecv_at_the_call(comm):
     else:
         raise AssertionError("no TruncationError")
     assert (short == np.arange(10)).all(), short  # the prefix
+    # Recv of a cached (source, tag) is one crossing too (waiting in place), with Recv's
+    # truncation: the prefix written.
+    sends = [comm.Isend(np.full(3, 5, np.int32), right, 21),
+             comm.Isend(np.arange(50, dtype=np.int32), right, 21)]
+    await ucxcomm.Request.waitall(sends)
+    await comm.barrier()
+    got = np.zeros(3, np.int32)
+    assert await comm.Recv(got, left, 21) == ucxcomm.Status(left, 21, 12)
+    assert (got == 5).all(), got
+    try:
+        await comm.Recv(short, left, 21)
+    except ucxcomm.TruncationError as exc:
+        assert (exc.nbytes, exc.capacity) == (200, 40), exc
+    else:
+        raise AssertionError("no TruncationError")
+    assert (short == np.arange(10)).all(), short
     await comm.barrier()
 
 

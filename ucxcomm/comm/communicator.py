@@ -281,6 +281,22 @@ class Comm:
         """
         if timeout is not None:
             check_timeout(timeout, "Recv")
+        got = None
+        if type(source) is int and type(tag) is int:  # (1.0 or True must not hit)
+            got = self._match_cache.get((KIND_P2P, source, tag))
+        if got is not None and not (self._group.closed or self._world.closed):
+            # Checked when it was cached; one crossing, which waits in place, then
+            # makes the Status (a future's result is the Status too).
+            res = self._transport.irecv(buf, got[0], got[1], got[2], recv_status, True,
+                                        False)
+            if type(res) is Status:
+                return res
+            if type(res) is tuple:
+                return recv_status(res)  # (raises TruncationError)
+            if timeout is None:
+                return await self._await_recv(res)  # type: ignore[no-any-return]
+            return await with_timeout(  # type: ignore[no-any-return]
+                self._await_recv(res), timeout, "Recv")
         res = self._post_recv(buf, source, tag, spin=True)
         if type(res) is not tuple:
             if timeout is None:

@@ -49,12 +49,12 @@ class Link(ABC):
 
     peer: Any
 
-    @abstractmethod
-    def isend(self, buf: Any, tag: int) -> asyncio.Future | None:
-        """Post a tag send of buffer ``buf``; ``None`` when it completed at once.
-
-        Raises ``TypeError``/``ValueError`` for a bad buffer before anything is sent,
-        :class:`~ucxcomm.ClosedError`, :class:`~ucxcomm.PeerFailure`."""
+    #: ``isend(buf, tag)``: post a tag send of buffer ``buf``; ``None`` when it completed
+    #: at once, else a future. Raises ``TypeError``/``ValueError`` for a bad buffer
+    #: before anything is sent, :class:`~ucxcomm.ClosedError`,
+    #: :class:`~ucxcomm.PeerFailure`. (An attribute, not a method: an implementation
+    #: may bind a compiled callable per link, as ``Endpoint`` does.)
+    isend: Callable[[Any, int], asyncio.Future | None]
 
     @abstractmethod
     def isend_raw(self, target: Target, tag: int) -> asyncio.Future | None:
@@ -242,10 +242,12 @@ class Transport(ABC):
 
     @abstractmethod
     def irecv(self, obj: Any, tag: int, mask: int, peers: Peers,
-              finish: Callable[[RecvResult], Any]) -> Any:
-        """``Comm.Irecv`` in one call: :meth:`recv_ptr` then :meth:`recv_into` with
-        ``post``, mapped by ``finish`` also when done at once and the message fitted;
-        ``(sender_tag, nbytes, capacity)`` when it outgrew ``obj``; else a future."""
+              finish: Callable[[RecvResult], Any], spin: bool = False,
+              post: bool = True) -> Any:
+        """``Comm.Irecv`` and ``Recv`` in one call: :meth:`recv_ptr` then
+        :meth:`recv_into` (``spin``, ``post``), mapped by ``finish`` also when done at
+        once and the message fitted; ``(sender_tag, nbytes, capacity)`` when it outgrew
+        ``obj``; else a future of ``finish(result)``."""
 
     @abstractmethod
     def recv_alloc(self, tag: int, mask: int, peers: Peers,

@@ -52,6 +52,7 @@ class _Owner(Protocol):
     def forget(self, ep: Any) -> None: ...
     def send(self, ep_handle: int, obj: Any, tag: int, peers: Peers,
              fast: bool = False) -> asyncio.Future | None: ...
+    def ep_send(self, ep_handle: int, peers: Peers, fast: bool) -> Any: ...
     def send_raw(self, ep_handle: int, target: Target, tag: int, peers: Peers,
                  fast: bool = False) -> asyncio.Future | None: ...
     def send_ptr(self, obj: Any) -> Target: ...
@@ -88,7 +89,8 @@ class Endpoint(Link):
     """
 
     __slots__ = ("_closed", "_data", "_ep", "_fast", "_frame_seq", "_handle", "_keep",
-                 "_peers", "_recv_ns", "_send_ns", "_streams", "_worker", "peer")
+                 "_peers", "_recv_ns", "_send_ns", "_sender", "_streams", "_worker",
+                 "isend", "peer")
 
     def __init__(self, worker: _Owner, ucx_ep: Any, peer: Any = None) -> None:
         self._worker = worker
@@ -109,6 +111,10 @@ class Endpoint(Link):
         # A second UCX endpoint that carries the messages (see use_data_path), or None.
         self._data: Any = None
         self._fast = self._fast_lanes()
+        # isend (Link.isend) is one compiled call: the engine's sender for this endpoint,
+        # whose handle, lanes and closed flag this object keeps current.
+        self._sender = worker.ep_send(self._handle, self._peers, self._fast)
+        self.isend = self._sender.send
 
     def _fast_lanes(self) -> bool:
         """Fast-completion sends when every lane is shared memory or self (see worker)."""
@@ -131,6 +137,8 @@ class Endpoint(Link):
         self._data = ucx_ep
         self._handle = ucx_ep.handle
         self._fast = self._fast_lanes()
+        self._sender.handle = self._handle
+        self._sender.fast = self._fast
 
     @property
     def closed(self) -> bool:
@@ -139,12 +147,6 @@ class Endpoint(Link):
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the endpoint is closed")
-
-    def isend(self, buf: Any, tag: int) -> Any:
-        """Post a tag send; returns a future, or None if it already completed."""
-        if self._closed:
-            raise ClosedError("the endpoint is closed")
-        return self._worker.send(self._handle, buf, tag, self._peers, self._fast)
 
     def isend_raw(self, target: tuple[Any, int, Any, bool], tag: int) -> Any:
         """Like :meth:`isend` for a target prepared by ``Worker.send_ptr``."""
@@ -471,6 +473,7 @@ class Endpoint(Link):
         if self._closed:
             return
         self._closed = True
+        self._sender.closed = True
         for stream in list(self._streams.values()):
             stream.abort()
         dead = self.peer is not None and self._worker.is_dead(self.peer)

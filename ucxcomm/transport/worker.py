@@ -317,6 +317,11 @@ class Worker(Transport):
         on shared memory, a loss on TCP: the endpoint decides)."""
         return self._eng.send(ep_handle, obj, tag, peers, fast)  # type: ignore[no-any-return]
 
+    def ep_send(self, ep_handle: int, peers: Peers, fast: bool) -> Any:
+        """The compiled ``isend`` of one endpoint (``_ucp.EpSend``: its ``send(obj,
+        tag)`` is :meth:`send` with the endpoint's fields, kept current by it)."""
+        return self._eng.ep_send(ep_handle, peers, fast)
+
     def send_raw(self, ep_handle: int, target: Target, tag: int, peers: Peers,
                  fast: bool = False) -> asyncio.Future | None:
         """Like :meth:`send` for a target from :meth:`send_ptr`."""
@@ -390,13 +395,14 @@ class Worker(Transport):
             target, tag, mask, peers, finish, spin, post)
 
     def irecv(self, obj: Any, tag: int, mask: int, peers: Peers,
-              finish: Callable[[RecvResult], Any]) -> Any:
-        """:meth:`recv_ptr` and :meth:`recv_into` with ``post`` in one call, the result
-        mapped by ``finish`` also when the message was there (``finish(result)``, built
-        natively for the :meth:`fast_status` function); a message that outgrew ``obj``
-        gives ``(sender_tag, nbytes, capacity)``, one that must be waited for a
-        future."""
-        return self._eng.irecv(obj, tag, mask, peers, finish)
+              finish: Callable[[RecvResult], Any], spin: bool = False,
+              post: bool = True) -> Any:
+        """:meth:`recv_ptr` and :meth:`recv_into` (``spin``, ``post``) in one call, the
+        result mapped by ``finish`` also when the message was there (``finish(result)``,
+        built natively for the :meth:`fast_status` function); a message that outgrew
+        ``obj`` gives ``(sender_tag, nbytes, capacity)``, one that must be waited for a
+        future of ``finish(result)``."""
+        return self._eng.irecv(obj, tag, mask, peers, finish, spin, post)
 
     def recv_alloc(self, tag: int, mask: int, peers: Peers,
                    spin: bool = False) -> RecvResult | asyncio.Future:
