@@ -529,7 +529,8 @@ cdef class TagEngine:
     def send(self, uintptr_t ep, object obj, uint64_t tag, object peers, bint fast=False):
         """Post a tag send of buffer ``obj``; ``None`` if it completed at once (nothing
         allocated), else a future. ``fast`` asks for UCX's fast-completion protocols
-        below 256 KiB (a win on shared memory, a loss on TCP: the endpoint decides)."""
+        below 256 KiB (a win on shared memory, a loss on TCP: the endpoint decides);
+        sends up to ``FAST_SMALL_MAX`` bytes ask for them on every endpoint."""
         return self._send_obj(ep, obj, tag, peers, fast)
 
     cdef object _send_obj(self, uintptr_t ep, object obj, uint64_t tag, object peers,
@@ -698,10 +699,14 @@ cdef class TagEngine:
                 if st == 0:
                     cap = view.len
                     PyBuffer_Release(&view)
-                    if finish is _status_fn:
+                    if finish is _status_fn and finish is not None:
                         return _make_status(stag, nbytes)
                     return finish((stag, nbytes, cap))
-        op = _view_op(&view, tag, mask, peers)  # (the Op holds the buffer now)
+        try:
+            op = _view_op(&view, tag, mask, peers)  # (the Op holds the buffer now)
+        except BaseException:
+            PyBuffer_Release(&view)
+            raise
         op.finish = finish
         op.posted = post
         if found:
@@ -718,11 +723,11 @@ cdef class TagEngine:
             return self._irecv_result(self._matched(op), op)
         if spin and free and not self._probes and self._spin_match(op):
             return self._irecv_result(self._matched(op), op)
-        return self._wait_op(op, free)
+        return self._irecv_result(self._wait_op(op, free), op)
 
     cdef object _irecv_result(self, object res, Op op):
         if type(res) is tuple and op.length <= op.cap:
-            if op.finish is _status_fn:
+            if op.finish is _status_fn and op.finish is not None:
                 return _make_status(op.sender_tag, op.length)
             return op.finish(res)
         return res
@@ -802,7 +807,7 @@ cdef class TagEngine:
             # here too: a window of Irecvs behind the sender's Isends then finishes at
             # the call, without a future each (1 KiB x 64 window: 0 -> ~60 of 64 found).
             # (Progress resolves no future: pending receives keep their order.)
-            if ucxcomm_progress(self._wh) and self._try_match(op):
+            if self._progress_once() and self._try_match(op):
                 return self._matched(op)
         return self._wait_op(op, free)
 
@@ -812,8 +817,19 @@ cdef class TagEngine:
         queue, progressing the worker once if none is there (see :meth:`_post_match`)."""
         if ucxcomm_tag_probe(self._wh, tag, mask, 1, msg, stag, nbytes):
             return True
-        return bool(ucxcomm_progress(self._wh)
+        return bool(self._progress_once()
                     and ucxcomm_tag_probe(self._wh, tag, mask, 1, msg, stag, nbytes))
+
+    cdef bint _progress_once(self) except -1:
+        """Progress the worker once from a call; what that finished of the pending
+        operations is completed too (their futures resolved): the progress task may be
+        asleep on the worker's descriptor, whose events this call has just consumed.
+        True when UCX did anything."""
+        if not ucxcomm_progress(self._wh):
+            return False
+        if self._reqs:
+            self._poll_reqs()
+        return True
 
     cdef object _wait_op(self, Op op, bint free):
         """A receive with no message yet: posted to UCX when ``free`` (no earlier pending
