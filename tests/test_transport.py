@@ -306,3 +306,15 @@ def test_spinning_waiters_yield_only_when_ranks_outnumber_cores():
     assert spin_yield({}) is True  # not known: the safe choice
     assert spin_yield({"UCXCOMM_LOCAL_SIZE": "1", "UCXCOMM_SPIN_YIELD": "yes"}) is True
     assert spin_yield({"UCXCOMM_LOCAL_SIZE": "64", "UCXCOMM_SPIN_YIELD": "no"}) is False
+
+
+def test_usable_cores_honours_a_cgroup_cpu_quota():
+    """A container limited to 1.5 CPUs sees every host CPU in its affinity: the quota
+    decides (review of UCXCOMM_SPIN_YIELD=auto)."""
+    from ucxcomm.transport.worker import usable_cores
+
+    cores = len(os.sched_getaffinity(0))
+    assert usable_cores("max 100000\n") == cores
+    assert usable_cores("150000 100000\n") == min(cores, 2)
+    assert usable_cores("50000 100000") == 1
+    assert usable_cores("garbage") == cores

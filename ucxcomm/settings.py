@@ -122,7 +122,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("UCXCOMM_SPIN_YIELD", _bool_or_auto, "auto",
             "whether a spinning waiter gives its core away (sched_yield) on every turn; "
             "auto: when this host's ranks (UCXCOMM_LOCAL_SIZE) outnumber the cores this "
-            "process may run on, or their number is unknown"),
+            "process may run on (affinity, capped by a cgroup CPU quota), or their "
+            "number is unknown"),
     Setting("UCXCOMM_RMA_SPIN_US", _nonneg_float, 200.0,
             "microseconds the RMA progress thread keeps polling after activity"),
     Setting("UCXCOMM_MMAP_THRESHOLD", _int, 1 << 20,

@@ -90,7 +90,29 @@ def spin_yield(env: Mapping[str, str] | None = None) -> bool:
     if choice != "auto":
         return bool(choice)
     local = settings.get("UCXCOMM_LOCAL_SIZE", env)
-    return local is None or local > len(os.sched_getaffinity(0))
+    return local is None or local > usable_cores()
+
+
+def usable_cores(cpu_max: str | None = None) -> int:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU
+    quota (``cpu.max``: ``"<quota> <period>"`` or ``"max <period>"``; a container
+    started with ``--cpus=2`` still sees every host CPU in its affinity)."""
+    cores = len(os.sched_getaffinity(0))
+    if cpu_max is None:
+        try:
+            with open("/sys/fs/cgroup/cpu.max") as f:
+                cpu_max = f.read()
+        except OSError:
+            return cores
+    parts = cpu_max.split()
+    if len(parts) == 2 and parts[0] != "max":
+        try:
+            quota, period = int(parts[0]), int(parts[1])
+        except ValueError:
+            return cores
+        if quota > 0 and period > 0:
+            cores = min(cores, max(1, -(-quota // period)))
+    return cores
 
 
 class Worker(Transport):
