@@ -387,6 +387,14 @@ def fast_status(fn, cls, uint64_t src_mask, int src_shift, uint64_t tag_mask):
 cdef tuple _NO_ARGS = ()
 
 
+cdef object _fitted(object finish, uint64_t stag, size_t nbytes, size_t cap):
+    """``finish((stag, nbytes, cap))`` of a receive whose message fitted, made here for
+    the :func:`fast_status` function."""
+    if finish is _status_fn and finish is not None:
+        return _make_status(stag, nbytes)
+    return finish((stag, nbytes, cap))
+
+
 cdef object _make_status(uint64_t stag, size_t nbytes):
     # (the class's own tp_new: no lookup of __new__, no bound call)
     s = (<PyTypeObject *>_status_cls).tp_new(_status_cls, <PyObject *>_NO_ARGS, NULL)
@@ -396,35 +404,35 @@ cdef object _make_status(uint64_t stag, size_t nbytes):
     return s
 
 
+cdef Op _ptr_op(uintptr_t ptr, size_t cap, object keep, bint device, uint64_t tag,
+                uint64_t mask, object peers):
+    """A receive of the message matching ``(tag, mask)`` into ``cap`` bytes at ``ptr``
+    (``keep`` holds them)."""
+    cdef Op op = Op.__new__(Op)
+    op.peers = peers
+    op.tag = tag
+    op.mask = mask
+    op.ptr = ptr
+    op.cap = cap
+    op.keep = keep
+    op.device = device
+    op.has_ptr = True
+    return op
+
+
 cdef Op _view_op(Py_buffer *view, uint64_t tag, uint64_t mask, object peers):
-    """A receive of the message matching ``(tag, mask)`` into exported host buffer
-    ``view`` (the Op's BufRef takes the export over)."""
+    """:func:`_ptr_op` into exported host buffer ``view`` (the Op's BufRef takes the
+    export over)."""
     cdef BufRef ref = BufRef.__new__(BufRef)
     ref.view = view[0]
     ref.held = True
-    cdef Op op = Op.__new__(Op)
-    op.peers = peers
-    op.tag = tag
-    op.mask = mask
-    op.ptr = <uintptr_t>ref.view.buf
-    op.cap = <size_t>ref.view.len
-    op.keep = ref
-    op.has_ptr = True
-    return op
+    return _ptr_op(<uintptr_t>ref.view.buf, <size_t>ref.view.len, ref, False, tag, mask,
+                   peers)
 
 
 cdef Op _target_op(tuple t, uint64_t tag, uint64_t mask, object peers):
-    """A receive of the message matching ``(tag, mask)`` into target ``t``."""
-    cdef Op op = Op.__new__(Op)
-    op.peers = peers
-    op.tag = tag
-    op.mask = mask
-    op.ptr = <uintptr_t>t[0]
-    op.cap = <size_t>t[1]
-    op.keep = t[2]
-    op.device = t[3]
-    op.has_ptr = True
-    return op
+    """:func:`_ptr_op` into target ``t``."""
+    return _ptr_op(<uintptr_t>t[0], <size_t>t[1], t[2], t[3], tag, mask, peers)
 
 
 cdef class TagEngine:
@@ -699,9 +707,7 @@ cdef class TagEngine:
                 if st == 0:
                     cap = view.len
                     PyBuffer_Release(&view)
-                    if finish is _status_fn and finish is not None:
-                        return _make_status(stag, nbytes)
-                    return finish((stag, nbytes, cap))
+                    return _fitted(finish, stag, nbytes, cap)
         try:
             op = _view_op(&view, tag, mask, peers)  # (the Op holds the buffer now)
         except BaseException:
@@ -715,11 +721,7 @@ cdef class TagEngine:
             else:  # started above (or failed)
                 op.sender_tag = stag
                 op.length = nbytes
-                op.is_recv = True
-                if st == UCXCOMM_INPROGRESS:
-                    op.req = req
-                else:
-                    self._complete(op, st)
+                self._started(op, st, req)
             return self._irecv_result(self._matched(op), op)
         if spin and free and not self._probes and self._spin_match(op):
             return self._irecv_result(self._matched(op), op)
@@ -727,9 +729,7 @@ cdef class TagEngine:
 
     cdef object _irecv_result(self, object res, Op op):
         if type(res) is tuple and op.length <= op.cap:
-            if op.finish is _status_fn and op.finish is not None:
-                return _make_status(op.sender_tag, op.length)
-            return op.finish(res)
+            return _fitted(op.finish, op.sender_tag, op.length, op.cap)
         return res
 
     def recv_alloc(self, uint64_t tag, uint64_t mask, object peers, bint spin=False):
@@ -985,6 +985,11 @@ cdef class TagEngine:
                 ptr = <uintptr_t>arr.ctypes.data
             op.scratch = (arr, ptr)
         st = ucxcomm_msg_recv(self._wh, <void *>ptr, nbytes, msg, &req, &stag, &nbytes)
+        self._started(op, st, req)
+        return 0
+
+    cdef int _started(self, Op op, int st, void *req) except -1:
+        """``op``'s message receive was posted with status ``st`` (request ``req``)."""
         op.is_recv = True
         if st == UCXCOMM_INPROGRESS:
             op.req = req
