@@ -31,6 +31,23 @@ HERE = Path(__file__).resolve().parent
 #: Launcher variables a driver started under a launcher must not hand to its children.
 LAUNCHER_VARS = ("UCXCOMM_RANK", "UCXCOMM_STORE", "OMPI_", "PMI_", "SLURM_PROCID")
 
+#: Whether jobs bind their ranks one per core (``--no-bind`` turns it off; see :func:`bound`).
+BIND = True
+
+
+def bound(n: int) -> bool:
+    """Whether a job of ``n`` ranks runs bound one rank per core: every peer alike
+    (``ucxcomm run --bind-to core``, ``mpiexec -bind-to core``, ``ucx_perftest`` pinned),
+    when there is a core per rank. Unbound, the scheduler now and then puts two spinning
+    ranks on one core: 8 B loopback TCP latency was 4.7-5.0 or 6.0-6.4 us from one run
+    to the next here, for ``ucx_perftest`` as for ucxcomm."""
+    return BIND and n <= len(os.sched_getaffinity(0))
+
+
+def ucxcomm_bind(n: int) -> list[str]:
+    """``ucxcomm run``'s binding arguments for a job of ``n`` ranks."""
+    return ["--bind-to", "core"] if bound(n) else []
+
 
 # --------------------------------------------------------------------------- entry point
 def main(doc: str | None, *, rank: Callable[[argparse.Namespace], Awaitable[None]],
@@ -54,7 +71,12 @@ def main(doc: str | None, *, rank: Callable[[argparse.Namespace], Awaitable[None
         options(parser)
     parser.add_argument("--tcp", action="store_true", help=tcp_help)
     parser.add_argument("--out", help="append JSON lines to this file")
+    parser.add_argument("--no-bind", action="store_true",
+                        help="leave every job's ranks unbound (default: one core per rank, "
+                        "every peer alike, when there is a core per rank)")
     args = parser.parse_args()
+    global BIND
+    BIND = not args.no_bind
     if args.rank:
         asyncio.run(rank(args))
         return 0
@@ -91,7 +113,7 @@ def ucxcomm_run(n: int, script: str, *args: str, env: dict, timeout: int = 900) 
     """Records of ``ucxcomm run -n n --timeout timeout python benchmarks/<script> args``."""
     py = sys.executable
     return run_bench([py, "-m", "ucxcomm.cli", "run", "-n", str(n), "--timeout", str(timeout),
-                      py, str(HERE / script), *args], env)
+                      *ucxcomm_bind(n), py, str(HERE / script), *args], env)
 
 
 @functools.cache
@@ -114,7 +136,9 @@ def mpiexec_run(n: int, script: str, *args: str, env: dict) -> list[dict]:
     mpiexec = find_mpiexec()
     if mpiexec is None:
         return []
-    return run_bench([mpiexec, "-n", str(n), sys.executable, str(HERE / script), *args], env)
+    bind = ["-bind-to", "core"] if bound(n) else []
+    return run_bench([mpiexec, *bind, "-n", str(n), sys.executable, str(HERE / script), *args],
+                     env)
 
 
 def perftest_records(runs: Iterable[tuple[str, int, int, dict]],
@@ -124,7 +148,8 @@ def perftest_records(runs: Iterable[tuple[str, int, int, dict]],
     ``shape(test, size, measurement)`` of those that ran."""
     out = []
     for test, size, iters, env in runs:
-        got = perftest(test, size, iters, env)
+        cores = sorted(os.sched_getaffinity(0))[:2] if bound(2) else None
+        got = perftest(test, size, iters, env, cores=cores)
         if got is not None:
             out.append(shape(test, size, got))
     return out
@@ -142,6 +167,7 @@ def record(results: list[dict], transport: str, out: str | None) -> None:
     given, and print them."""
     for r in results:
         r["transport"] = transport
+        r.setdefault("bound", bound(r.get("nranks", 2)))
     if out:
         with open(out, "a") as f:
             for r in results:

@@ -161,3 +161,62 @@ def test_free_port_is_outside_the_ephemeral_range_and_bindable():
     with pytest.raises(ValueError, match="span"):
         free_port(span=0)
 
+
+
+_AFFINITY = """
+import os, threading
+from ucxcomm.transport.worker import spin_yield
+seen = []
+t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))
+t.start(); t.join()
+print("AFF", os.environ["UCXCOMM_RANK"], sorted(os.sched_getaffinity(0)), seen[0],
+      os.environ.get("UCXCOMM_RANKS_PER_CORE"), spin_yield(), flush=True)
+"""
+
+
+def _affinities(nranks: int, *bind: str) -> dict[int, tuple[str, ...]]:
+    proc = subprocess.run([sys.executable, "-m", "ucxcomm.cli", "run", "-n", str(nranks),
+                           "--timeout", "60", *bind, sys.executable, "-c", _AFFINITY],
+                          capture_output=True, text=True, timeout=90, cwd=ROOT,
+                          env={k: v for k, v in os.environ.items()
+                               if not k.startswith("UCXCOMM_")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = {}
+    for line in proc.stdout.splitlines():
+        m = re.match(r"AFF (\d+) (\[.*?\]) (\[.*?\]) (\S+) (\S+)$", line)
+        if m:
+            got[int(m[1])] = m.groups()[1:]
+    assert sorted(got) == list(range(nranks)), proc.stdout
+    return got
+
+
+def test_bind_to_core_gives_each_rank_its_own_core():
+    """``--bind-to core``: rank r (and every thread it starts) runs only on the r-th CPU
+    the launcher may use, round robin when ranks outnumber them; the ranks know how many
+    share a core, so spinning waiters yield only then. Without it nothing is bound."""
+    from ucxcomm.launch.launcher import core_binding
+
+    cpus = sorted(os.sched_getaffinity(0))
+    n = min(len(cpus), 4)
+    got = _affinities(n, "--bind-to", "core")
+    for r in range(n):
+        assert got[r] == (f"[{cpus[r]}]", f"[{cpus[r]}]", "1", "False"), got
+    over = _affinities(len(cpus) + 1, "--bind-to", "core")
+    assert over[len(cpus)][:2] == (f"[{cpus[0]}]",) * 2, over
+    assert {v[2:] for v in over.values()} == {("2", "True")}, over
+    free = _affinities(2)
+    assert {v[:3] for v in free.values()} == {(str(cpus), str(cpus), "None")}, free
+    assert core_binding(5, [3, 7]) == ([3, 7, 3, 7, 3], 3)
+    with pytest.raises(ValueError, match="no CPU"):
+        core_binding(1, [])
+
+
+def test_bind_to_rejects_unknown_policies():
+    proc = subprocess.run([sys.executable, "-m", "ucxcomm.cli", "run", "-n", "1", "--bind-to",
+                           "socket", sys.executable, "-c", "pass"],
+                          capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert proc.returncode == 2 and "--bind-to" in proc.stderr, proc.stderr
+    from ucxcomm.launch.launcher import run_job
+
+    with pytest.raises(ValueError, match="bind"):
+        run_job(1, ["true"], bind="socket")

@@ -306,6 +306,10 @@ def test_spinning_waiters_yield_only_when_ranks_outnumber_cores():
     assert spin_yield({}) is True  # not known: the safe choice
     assert spin_yield({"UCXCOMM_LOCAL_SIZE": "1", "UCXCOMM_SPIN_YIELD": "yes"}) is True
     assert spin_yield({"UCXCOMM_LOCAL_SIZE": "64", "UCXCOMM_SPIN_YIELD": "no"}) is False
+    # Bound one per core (ucxcomm run --bind-to core): each rank's affinity is one core,
+    # so only the ranks sharing it count.
+    assert spin_yield({"UCXCOMM_LOCAL_SIZE": "2", "UCXCOMM_RANKS_PER_CORE": "1"}) is False
+    assert spin_yield({"UCXCOMM_LOCAL_SIZE": "2", "UCXCOMM_RANKS_PER_CORE": "2"}) is True
 
 
 def test_usable_cores_honours_a_cgroup_cpu_quota():

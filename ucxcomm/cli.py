@@ -144,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--timeout", type=float, default=None,
                      help="kill the job (stack dumps first) after this many seconds")
     run.add_argument("--tag-output", action="store_true", help="prefix output lines with [rank]")
+    run.add_argument("--bind-to", choices=["none", "core"], default="none", dest="bind",
+                     help="core: rank r runs only on the r-th CPU this launcher may use "
+                     "(round robin when ranks outnumber them); default none")
     run.add_argument("prog", nargs=argparse.REMAINDER, help="program and its arguments")
     info = sub.add_parser("info", help="UCX version and library, RDMA/verbs, transports, tag "
                           "offload, CUDA support, and why")
@@ -164,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("-n must be >= 1")
         if not prog:
             parser.error("no program given")
-        return run_job(args.n, prog, tag_output=args.tag_output, timeout=args.timeout)
+        return run_job(args.n, prog, tag_output=args.tag_output, timeout=args.timeout,
+                       bind=args.bind)
     if args.cmd == "info":
         return _info(args.json, args.transport, args.tag_offload)
     return 2  # pragma: no cover

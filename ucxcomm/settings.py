@@ -121,9 +121,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "(0: never spin)"),
     Setting("UCXCOMM_SPIN_YIELD", _bool_or_auto, "auto",
             "whether a spinning waiter gives its core away (sched_yield) on every turn; "
-            "auto: when this host's ranks (UCXCOMM_LOCAL_SIZE) outnumber the cores this "
-            "process may run on (affinity, capped by a cgroup CPU quota), or their "
-            "number is unknown"),
+            "auto: when ranks share this rank's core (UCXCOMM_RANKS_PER_CORE > 1, ranks "
+            "bound by ucxcomm run --bind-to core), else when this host's ranks "
+            "(UCXCOMM_LOCAL_SIZE) outnumber the cores this process may run on (affinity, "
+            "capped by a cgroup CPU quota), or their number is unknown"),
     Setting("UCXCOMM_RMA_SPIN_US", _nonneg_float, 200.0,
             "microseconds the RMA progress thread keeps polling after activity"),
     Setting("UCXCOMM_MMAP_THRESHOLD", _int, 1 << 20,
@@ -147,6 +148,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("UCXCOMM_SIZE", _int, None, "number of ranks", launcher=True),
     Setting("UCXCOMM_LOCAL_RANK", _int, None, "rank on this host", launcher=True),
     Setting("UCXCOMM_LOCAL_SIZE", _int, None, "ranks on this host", launcher=True),
+    Setting("UCXCOMM_RANKS_PER_CORE", _int, None,
+            "ranks bound to this rank's core (ucxcomm run --bind-to core)", launcher=True),
     # building and CI
     Setting("UCXCOMM_UCX_PREFIX", _text, None,
             "install time: build against the UCX headers under this prefix instead of "

@@ -3,8 +3,11 @@ pair on loopback per measurement."""
 
 from __future__ import annotations
 
+import functools
+import os
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..launch.ports import free_port
@@ -23,23 +26,28 @@ def executable() -> Path | None:
 
 
 def perftest(test: str, size: int, iters: int, env: dict, timeout: float = 300,
-             mem: str | None = None) -> tuple[float, float, float] | None:
+             mem: str | None = None, cores: Sequence[int] | None = None
+             ) -> tuple[float, float, float] | None:
     """``(latency median us, latency average us, bandwidth GB/s)`` of one ``ucx_perftest
     -t test`` client/server pair on loopback, or None when it is missing or failed.
-    ``mem`` is its memory type for both sides (``-m cuda``), host memory by default."""
+    ``mem`` is its memory type for both sides (``-m cuda``), host memory by default;
+    ``cores`` (two CPUs) binds the server to the first and the client to the second."""
     exe = executable()
     if exe is None:
         return None
     env = dict(env, LD_LIBRARY_PATH=str(exe.parent.parent / "lib"))
     port = free_port()
     mflag = ["-m", mem] if mem else []
+    bind = [None, None] if cores is None else [
+        functools.partial(os.sched_setaffinity, 0, (c,)) for c in cores[:2]]
     server = subprocess.Popen([str(exe), "-p", str(port), *mflag], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              preexec_fn=bind[0])
     try:
         for _attempt in range(100):  # until the server listens (it says so only buffered)
             proc = subprocess.run([str(exe), "127.0.0.1", "-p", str(port), "-t", test, "-s",
                                    str(size), "-n", str(iters), *mflag], capture_output=True,
-                                  text=True, env=env, timeout=timeout)
+                                  text=True, env=env, timeout=timeout, preexec_fn=bind[1])
             if proc.returncode == 0 or server.poll() is not None:
                 break
             time.sleep(0.05)

@@ -85,10 +85,14 @@ _ENGINE_METHODS = ("send", "send_raw", "exchange", "send_ptr", "recv_ptr", "subt
 
 def spin_yield(env: Mapping[str, str] | None = None) -> bool:
     """Whether spinning waiters yield their core on every turn (``UCXCOMM_SPIN_YIELD``;
-    auto: when this host's ranks outnumber this process's cores, or are not known)."""
+    auto: when ranks share this rank's core, as the launcher that bound it says, else
+    when this host's ranks outnumber this process's cores, or are not known)."""
     choice = settings.get("UCXCOMM_SPIN_YIELD", env)
     if choice != "auto":
         return bool(choice)
+    per_core = settings.get("UCXCOMM_RANKS_PER_CORE", env)
+    if per_core is not None:  # bound one per core (a rank's affinity is its one core)
+        return per_core > 1
     local = settings.get("UCXCOMM_LOCAL_SIZE", env)
     return local is None or local > usable_cores()
 
