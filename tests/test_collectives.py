@@ -34,6 +34,14 @@ def test_mismatched_sizes_named():
     run_case(COLL_CASES, "mismatched_sizes_named", 2)
 
 
+def test_mismatched_sizes_named_when_the_receive_waits():
+    """Regression (flaky before: ~2 runs in 12): a compiled small collective whose receive
+    had to wait (no spinning, the root arrives late) did not check the message's size:
+    the overflowing Bcast raised nothing on the receiving rank."""
+    run_case(COLL_CASES, "mismatched_sizes_named", 2,
+             env={"UCXCOMM_SPIN_US": "0", "UCXCOMM_TEST_LATE_ROOT": "1"})
+
+
 @pytest.mark.parametrize("name", ["two_rank_compiled_allreduce", "two_rank_compiled_others",
                                   "closed_two_rank_allreduce"])
 def test_two_rank_compiled_allreduce(name):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 
 import numpy as np
 
@@ -447,16 +448,22 @@ async def mismatched_sizes_named(comm):
     MPI leaves that undefined; here it completes.)"""
     assert comm.size == 2
     r = comm.rank
+    late_root = os.environ.get("UCXCOMM_TEST_LATE_ROOT") == "1"
     calls = [("Bcast", lambda n: comm.Bcast(np.zeros(n), root=0)),
              ("Allreduce", lambda n: comm.Allreduce(np.ones(n), np.zeros(n)))]
     for name, call in calls:
         for n in (4, 5000):  # small path, general path
+            if late_root:  # rank 1 is in the call before rank 0 sends anything
+                if r == 1:
+                    await comm.send("in", 0)
+                else:
+                    assert await comm.recv(1) == "in"
             try:
                 await call(n + 1 if r == 0 else n)
             except ucxcomm.TruncationError as exc:
                 assert r == 1 and str(exc).startswith(name + ":"), (r, exc)
             else:
-                assert r == 0, f"{name} with mismatched sizes raised nothing on rank {r}"
+                assert r == 0, f"{name} of {n} elements against {n + 1} raised nothing on rank {r}"
 
 
 @case

@@ -147,6 +147,13 @@ class SmallCollectives:
             elif r is not None:
                 ch.recvs.append(r)
         await self._finish(ch)
+        for fut in ch.recvs:  # (receives that had to wait: their results are unchecked)
+            res = fut.result()
+            if type(res) is tuple:
+                try:
+                    _whole(res)
+                except TruncationError as exc:
+                    raise ch._named(exc) from None
 
     def allreduce_rest(self, rest: tuple[Any, Any, int, bytearray], send: Any,
                        recv: np.ndarray) -> Any:
