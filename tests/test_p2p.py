@@ -17,8 +17,8 @@ SIZES = [1, 2, 3, 4]
 @pytest.mark.parametrize("nranks", SIZES)
 @pytest.mark.parametrize("name", [
     "ring_objects", "buffers_all_kinds", "nonblocking_waitall", "any_source_fan_in",
-    "self_messages", "truncation", "posted_receives", "irecv_at_the_call", "cancellation",
-    "bad_input", "probe",
+    "self_messages", "truncation", "posted_receives", "irecv_at_the_call", "fast_path",
+    "cancellation", "bad_input", "probe",
     "communicators", "barrier_and_timeouts",
 ])
 def test_p2p(name, nranks):
@@ -50,7 +50,7 @@ def test_closed():
 
 @pytest.mark.parametrize("name", ["ring_objects", "buffers_all_kinds", "any_source_fan_in",
                                   "truncation", "posted_receives", "irecv_at_the_call",
-                                  "cancellation"])
+                                  "fast_path", "cancellation"])
 def test_p2p_over_tcp(name):
     """The same cases with UCX restricted to TCP (our fallback where there is no RDMA)."""
     run_case(P2P_CASES, name, 2, env=OVER_TCP)

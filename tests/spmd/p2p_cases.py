@@ -320,6 +320,53 @@ async def irecv_at_the_call(comm):
 
 
 @case
+async def fast_path(comm):
+    """Send/Isend and Recv/Irecv are one compiled call each in the common case (issue 10);
+    what that call does not serve takes the checked Python path with the same outcome:
+    a peer not connected yet, a (source, tag) never received before, ranks and tags too
+    large for C integers, a closed communicator (whose match cache still holds entries)."""
+    for f in (comm._send_now, comm._recv_now):
+        assert type(f.__self__).__name__ == "P2P", f
+    sub = await comm.dup()
+    peer = (comm.rank + 1) % comm.size
+    left = (comm.rank - 1) % comm.size
+    got = np.zeros(4, np.int64)
+    for i in range(3):  # the first turn connects and caches; the next ones are served
+        for tag in (5, 6):
+            out = np.arange(4, dtype=np.int64) + 100 * comm.rank + 10 * tag + i
+            req = sub.Isend(out, peer, tag)
+            st = await sub.Recv(got, left, tag)
+            assert (st.source, st.tag, st.nbytes) == (left, tag, 32), st
+            assert (got == np.arange(4) + 100 * left + 10 * tag + i).all(), got
+            await req
+            r = sub.Irecv(got, left, tag)
+            await sub.Send(out, peer, tag)
+            st = await r
+            assert (st.source, st.tag) == (left, tag) and got[0] == 100 * left + 10 * tag + i
+    for bad in (lambda: sub.Isend(got, 1 << 70), lambda: sub.Isend(got, peer, 1 << 70),
+                lambda: sub.Isend(got, -(1 << 70)), lambda: sub.Irecv(got, 1 << 70),
+                lambda: sub.Irecv(got, left, 1 << 70)):
+        try:
+            bad()
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"accepted: {bad}")
+    await sub.close()
+    for call in (lambda: sub.Isend(got, peer, 5), lambda: sub.Irecv(got, left, 5),
+                 lambda: sub.Send(got, peer, 6), lambda: sub.Recv(got, left, 6)):
+        try:
+            res = call()
+            if asyncio.iscoroutine(res):
+                await res
+        except ucxcomm.ClosedError:
+            pass
+        else:
+            raise AssertionError(f"operation on a closed comm: {call}")
+    await comm.barrier()
+
+
+@case
 async def cancellation(comm):
     """Cancelling a pending receive withdraws it: its buffer is never written and the
     message goes to the next receive."""

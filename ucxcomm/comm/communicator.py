@@ -179,7 +179,6 @@ class Comm:
         self._eps = g.eps  # connected endpoints (None: connect with _ep)
         self._ep = g.endpoint
         self._match = g.match
-        self._match_cache = g._match_cache
         # Buffer receives' Status built by the compiled engine (recv_status otherwise).
         g.transport.fast_status(recv_status, Status, _SRC_MASK, _SRC_SHIFT, _TAG_MASK)
         self._p2p_base = g.p2p_base
@@ -191,6 +190,13 @@ class Comm:
         self._await_recv = g.await_recv
         self._post_recv_obj = g.post_recv_obj
         self._finish_recv_obj = g.finish_recv_obj
+        # Send/Isend and Recv/Irecv: one compiled call each in the common case (the
+        # transport's p2p path), which falls back on _post_send / _recv_slow.
+        fast = g.transport.p2p_path(g, world, g.eps, g._match_cache, KIND_P2P, g.p2p_base,
+                                    g.size, TAG_UB, recv_status, self._post_send,
+                                    self._recv_slow)
+        self._send_now = self._post_send if fast is None else fast.send
+        self._recv_now = self._recv_slow if fast is None else fast.recv
 
     def __repr__(self) -> str:
         return self._group.label
@@ -225,7 +231,7 @@ class Comm:
             Bad buffer, rank or tag (before anything is sent).
         ClosedError, PeerFailure
         """
-        fut = self._post_send(buf, dest, tag)
+        fut = self._send_now(buf, dest, tag)
         if fut is None:
             return _SENT
         self._transport.wake()
@@ -246,7 +252,7 @@ class Comm:
         """
         if timeout is not None:
             check_timeout(timeout, "Send")
-        fut = self._post_send(buf, dest, tag)
+        fut = self._send_now(buf, dest, tag)
         if fut is not None:
             if timeout is None:
                 await self._transport.complete(fut)
@@ -264,7 +270,11 @@ class Comm:
         return self._transport.recv_into(target, *self._match(kind, source, tag), finish,
                                          spin, post)
 
-    _recv_status = staticmethod(recv_status)
+    def _recv_slow(self, buf: Any, source: Any, tag: Any, spin: bool, post: bool) -> Any:
+        """``Recv``/``Irecv`` when the p2p path does not serve them: checks (raising),
+        then the match (cached for the next call) and the receive; the result is the
+        path's (``recv_status`` applied to a future's)."""
+        return self._post_recv(buf, source, tag, KIND_P2P, spin, recv_status, post)
 
     async def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
                    timeout: float | None = None) -> Status:
@@ -281,29 +291,17 @@ class Comm:
         """
         if timeout is not None:
             check_timeout(timeout, "Recv")
-        got = None
-        if type(source) is int and type(tag) is int:  # (1.0 or True must not hit)
-            got = self._match_cache.get((KIND_P2P, source, tag))
-        if got is not None and not (self._group.closed or self._world.closed):
-            # Checked when it was cached; one crossing, which waits in place, then
-            # makes the Status (a future's result is the Status too).
-            res = self._transport.irecv(buf, got[0], got[1], got[2], recv_status, True,
-                                        False)
-            if type(res) is Status:
-                return res
-            if type(res) is tuple:
-                return recv_status(res)  # (raises TruncationError)
-            if timeout is None:
-                return await self._await_recv(res)  # type: ignore[no-any-return]
-            return await with_timeout(  # type: ignore[no-any-return]
-                self._await_recv(res), timeout, "Recv")
-        res = self._post_recv(buf, source, tag, spin=True)
-        if type(res) is not tuple:
-            if timeout is None:
-                res = await self._await_recv(res)
-            else:
-                res = await with_timeout(self._await_recv(res), timeout, "Recv")
-        return self._recv_status(res)
+        # One crossing in the common case; it waits in place (spin), not posted to UCX
+        # (a truncated message keeps its prefix).
+        res = self._recv_now(buf, source, tag, True, False)
+        if type(res) is Status:
+            return res
+        if type(res) is tuple:
+            return recv_status(res)  # (raises TruncationError)
+        if timeout is None:
+            return await self._await_recv(res)  # type: ignore[no-any-return]
+        return await with_timeout(  # type: ignore[no-any-return]
+            self._await_recv(res), timeout, "Recv")
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving into ``buf``; awaiting the request gives a :class:`Status`.
@@ -314,21 +312,15 @@ class Comm:
         :class:`~ucxcomm.TruncationError` with ``buf`` left unwritten (a ``Recv``, or a
         message that was already there, leaves its prefix).
         """
-        transport = self._transport
-        got = None
-        if type(source) is int and type(tag) is int:  # (1.0 or True must not hit)
-            got = self._match_cache.get((KIND_P2P, source, tag))
-        if got is None or self._group.closed or self._world.closed:
-            res = self._post_recv(buf, source, tag, KIND_P2P, False, recv_status, True)
-        else:  # checked when it was cached; one crossing (the Status made there)
-            res = transport.irecv(buf, got[0], got[1], got[2], recv_status)
-            if type(res) is Status:
-                return Request(None, None, None, res)
+        res = self._recv_now(buf, source, tag, False, True)
+        if type(res) is Status:
+            return Request(None, None, None, res)
         if type(res) is tuple:
             try:
                 return Request.completed(recv_status(res))
             except TruncationError as exc:
                 return Request.failed(exc)
+        transport = self._transport
         transport.wake()
         return Request(res, transport)
 
@@ -468,7 +460,7 @@ class Comm:
             res = rres if isinstance(rres, tuple) else await self._await_recv(rres)
             if sfut is not None:
                 await sfut
-            return self._recv_status(res)
+            return recv_status(res)
 
         return await with_timeout(both(), timeout, "Sendrecv")
 

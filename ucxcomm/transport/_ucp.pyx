@@ -21,6 +21,7 @@ the C compiler checks them against it.
 
 from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release,
                              PyObject_GetBuffer)
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject, PyTypeObject
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, memmove
@@ -683,6 +684,10 @@ cdef class TagEngine:
 
         A message already here that fits and is received at once costs no Op, no held
         buffer object and no future: only the result."""
+        return self._irecv(obj, tag, mask, peers, finish, spin, post)
+
+    cdef object _irecv(self, object obj, uint64_t tag, uint64_t mask, object peers,
+                       object finish, bint spin, bint post):
         cdef Py_buffer view
         cdef void *msg = NULL
         cdef void *req = NULL
@@ -766,6 +771,12 @@ cdef class TagEngine:
                          uint64_t rtag0, **hooks):
         """A :class:`PairCollectives` over endpoint ``ep`` (a two-rank communicator's)."""
         return PairCollectives(self, ep, speers, rpeers, rank, stag0, rtag0, **hooks)
+
+    def p2p(self, group, world, list eps, dict cache, object kind, uint64_t base,
+            Py_ssize_t size, long long tag_ub, finish, slow_send, slow_recv):
+        """A :class:`P2P` for a communicator (see there)."""
+        return P2P(self, group, world, eps, cache, kind, base, size, tag_ub, finish,
+                   slow_send, slow_recv)
 
     def ep_send(self, uintptr_t handle, peers, bint fast):
         """An :class:`EpSend` for the endpoint with UCX handle ``handle``."""
@@ -1603,6 +1614,84 @@ cdef class EpSend:
             from ..errors import ClosedError
             raise ClosedError("the endpoint is closed")
         return self.eng._send_obj(self.handle, obj, tag, self.peers, self.fast)
+
+
+cdef class P2P:
+    """A communicator's buffer point-to-point in one call into compiled code each:
+    :meth:`send` for ``Send``/``Isend`` and :meth:`recv` for ``Recv``/``Irecv``, from
+    the arguments as the user gave them.
+
+    The common case (open communicator, ``int`` rank and tag in range, a connected
+    endpoint; for receives a ``(source, tag)`` whose match the communicator has checked
+    and cached before) goes straight to the engine; anything else calls the
+    communicator's Python path (``slow_send(buf, dest, tag)``, ``slow_recv(buf, source,
+    tag, spin, post)``), which checks, raises or connects, with the same results.
+    ``group`` and ``world`` are read for their ``closed`` flag, ``eps`` is the
+    communicator's list of endpoints (``None``: not connected yet) and ``cache`` its
+    match cache (``(kind, source, tag) -> (ucx_tag, mask, peers)``)."""
+
+    cdef TagEngine eng
+    cdef object group
+    cdef object world
+    cdef list eps
+    cdef dict cache
+    cdef object kind
+    cdef uint64_t base
+    cdef Py_ssize_t size
+    cdef long long tag_ub
+    cdef object finish
+    cdef object slow_send
+    cdef object slow_recv
+
+    def __init__(self, TagEngine eng, group, world, list eps, dict cache, object kind,
+                 uint64_t base, Py_ssize_t size, long long tag_ub, finish, slow_send,
+                 slow_recv):
+        self.eng = eng
+        self.group = group
+        self.world = world
+        self.eps = eps
+        self.cache = cache
+        self.kind = kind
+        self.base = base
+        self.size = size
+        self.tag_ub = tag_ub
+        self.finish = finish
+        self.slow_send = slow_send
+        self.slow_recv = slow_recv
+
+    def send(self, object obj, object dest, object tag):
+        """Post the send of buffer ``obj`` to rank ``dest`` with ``tag``: None when it
+        completed at once, else its future."""
+        cdef int dover = 0, tover = 0
+        cdef long long d, t
+        cdef EpSend s
+        if type(dest) is int and type(tag) is int and not self.group.closed \
+                and not self.world.closed:
+            d = PyLong_AsLongLongAndOverflow(dest, &dover)
+            t = PyLong_AsLongLongAndOverflow(tag, &tover)
+            if not (dover or tover) and 0 <= d < self.size and 0 <= t <= self.tag_ub:
+                ep = self.eps[d]
+                if ep is not None:
+                    sender = getattr(ep, "_sender", None)
+                    if type(sender) is EpSend:
+                        s = <EpSend>sender
+                        if not s.closed:
+                            return self.eng._send_obj(s.handle, obj, self.base | <uint64_t>t,
+                                                      s.peers, s.fast)
+        return self.slow_send(obj, dest, tag)
+
+    def recv(self, object obj, object source, object tag, bint spin, bint post):
+        """Receive into buffer ``obj`` (``TagEngine.irecv`` with ``spin`` and ``post``):
+        the ``finish`` result (a Status) when the message was there and fitted,
+        ``(sender_tag, nbytes, capacity)`` when the receive finished at once otherwise,
+        else a future resolving to ``finish(result)``."""
+        if type(source) is int and type(tag) is int and not self.group.closed \
+                and not self.world.closed:
+            got = self.cache.get((self.kind, source, tag))
+            if got is not None:
+                m = <tuple>got
+                return self.eng._irecv(obj, m[0], m[1], m[2], self.finish, spin, post)
+        return self.slow_recv(obj, source, tag, spin, post)
 
 
 cdef class PairCollectives:

@@ -273,6 +273,22 @@ class Transport(ABC):
     async def complete(self, fut: asyncio.Future) -> Any:
         """Await ``fut``, progressing UCX meanwhile (the fast way to wait)."""
 
+    def p2p_path(self, group: Any, world: Any, links: list[Any], cache: dict[Any, Any],
+                 kind: int, base: int, size: int, tag_ub: int,
+                 finish: Callable[[RecvResult], Any], slow_send: Callable[..., Any],
+                 slow_recv: Callable[..., Any]) -> Any:
+        """Optional: a communicator's buffer point-to-point, one call into compiled code
+        each, or None (the default: the communicator's Python paths serve). Methods
+        ``send(buf, dest, tag)`` (what :attr:`Link.isend` returns) and ``recv(buf,
+        source, tag, spin, post)`` (what :meth:`irecv` returns, ``finish`` applied).
+        They serve an open communicator (``group.closed`` and ``world.closed`` false)
+        whose arguments are ``int`` and in range (``0 <= dest < size``, ``0 <= tag <=
+        tag_ub``), sending through ``links[dest]`` when it is connected (``None``: not
+        yet) with UCX tag ``base | tag``, receiving with the match cached under
+        ``cache[(kind, source, tag)]`` (``(ucx_tag, mask, peers)``); anything else is
+        ``slow_send(buf, dest, tag)`` or ``slow_recv(buf, source, tag, spin, post)``."""
+        return None
+
     def fast_status(self, fn: Callable[[Any], Any], cls: type, src_mask: int,
                     src_shift: int, tag_mask: int) -> None:
         """Optional: compute ``finish=fn`` results natively (``cls`` with ``source``,

@@ -491,6 +491,15 @@ class Worker(Transport):
     def is_dead(self, peer: Any) -> bool:
         return peer in self._eng._dead
 
+    def p2p_path(self, group: Any, world: Any, links: list[Any], cache: dict[Any, Any],
+                 kind: int, base: int, size: int, tag_ub: int,
+                 finish: Callable[[RecvResult], Any], slow_send: Callable[..., Any],
+                 slow_recv: Callable[..., Any]) -> Any:
+        """The compiled engine's ``P2P`` for a communicator (see ``Transport.p2p_path``;
+        its send goes through the endpoints' own compiled senders)."""
+        return self._eng.p2p(group, world, links, cache, kind, base, size, tag_ub, finish,
+                             slow_send, slow_recv)
+
     def fast_status(self, fn: Callable[[Any], Any], cls: type, src_mask: int,
                     src_shift: int, tag_mask: int) -> None:
         """Let the compiled engine compute ``fn``'s result itself (``cls`` with
