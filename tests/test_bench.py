@@ -43,6 +43,7 @@ def test_p2p_smoke_writes_json_and_png(tmp_path):
     ours = {(r["op"], r["size"]) for r in recs if r["impl"] == "ucxcomm"}
     assert ours == {(op, s) for op in SUITES["p2p"] for s in (8, 1 << 20)}
     assert {r["settings"]["transport"] for r in recs} == {"shm"}
+    assert all(r["settings"]["binding"].startswith("one core per rank") for r in recs)
     peers = {r["impl"] for r in recs} - {"ucxcomm"}
     assert {"ucxx", "asyncio", "ucx_perftest"} <= peers  # always installed with ucxcomm
     for peer in peers:  # the table has a speedup column per peer that ran
@@ -66,9 +67,10 @@ def test_rma_and_collectives_over_tcp(tmp_path):
     assert all(r["settings"]["UCX_TLS"] == "tcp,self" for r in recs)
     out3 = tmp_path / "c.jsonl"
     proc = bench("collectives", "-n", "3", "--quick", "--sizes", "8", "--compare", "none",
-                 "--json", str(out3), "--quiet")
+                 "--json", str(out3), "--quiet", "--no-bind")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = records(out3)
+    assert {r["settings"]["binding"] for r in recs} == {"none (--no-bind)"}
     assert {r["op"] for r in recs} == set(SUITES["collectives"])
     assert {r["nranks"] for r in recs} == {3}
     for r in recs:
@@ -87,6 +89,20 @@ def test_bad_options_fail_before_any_job(args, message):
     proc = bench("p2p", *args, timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "[p2p" not in proc.stderr and time.monotonic() - t0 < 30
+
+
+def test_jobs_bind_one_rank_per_core_when_there_is_a_core_each():
+    """Every peer alike: ``ucxcomm run --bind-to core``, ``mpiexec -bind-to core``, pinned
+    gloo ranks and ucx_perftest pairs, when there is a core per rank; none with
+    ``--no-bind`` or more ranks than cores."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    on, off = driver.Options(suites=["p2p"]), driver.Options(suites=["p2p"], bind=False)
+    assert driver._cores(on, 2) == (cpus[:2] if len(cpus) >= 2 else None)
+    assert driver._cores(on, len(cpus) + 1) is None
+    assert driver._cores(off, 1) is None and driver._bind_args(off, 1) == []
+    assert driver._bind_args(on, 1) == ["--bind-to", "core"]
 
 
 def test_sizes_parse():

@@ -89,6 +89,9 @@ def _bench_parser(sub) -> None:
                        help="GPU memory: p2p (ucxcomm, ucxx, ucx_perftest -m cuda), "
                             "collectives (ucxcomm) and torch (ucxcomm, gloo) on device "
                             "buffers; needs cupy and a CUDA device")
+    bench.add_argument("--no-bind", action="store_true",
+                       help="leave every job's ranks unbound (default: one core per rank, "
+                       "every peer alike, when there is a core per rank)")
     bench.add_argument("--timeout", type=float, default=900.0,
                        help="seconds one job may take (default 900)")
 
@@ -123,7 +126,7 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     opts = driver.Options(suites=suites, nranks=args.n, sizes=sizes, quick=args.quick,
                           compare=compare, transport=args.transport, json_out=args.json,
                           plot_out=args.plot, quiet=args.quiet, gpu=args.gpu,
-                          timeout=args.timeout)
+                          timeout=args.timeout, bind=not args.no_bind)
     records = driver.run(opts)
     print(driver.table(records))
     if args.plot and records:

@@ -10,6 +10,7 @@ and a PNG on request. A peer that is not installed is skipped with a one-line no
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -44,6 +45,7 @@ class Options:
     quiet: bool = False
     gpu: bool = False
     timeout: float = 900.0
+    bind: bool = True  # every peer's ranks one per core, when there is a core per rank
 
 
 @dataclass
@@ -100,6 +102,9 @@ def settings(opts: Options) -> dict[str, str]:
         out["gpu"] = ("device buffers (cupy arrays, CUDA tensors) on device LOCAL_RANK % "
                       "device count; ucx_perftest with -m cuda; gloo stages CUDA tensors "
                       "through the host")
+    out["binding"] = ("one core per rank for ucxcomm, ucxx, mpi4py, gloo, torch and "
+                      "ucx_perftest jobs when there is a core per rank (asyncio streams and "
+                      "the pipeline pairs unbound)" if opts.bind else "none (--no-bind)")
     out["ucx_perftest"] = ("put_lat doubled (its ping-pong is halved; ours is Put+Flush); "
                            "its fadd/cswap/put_bw/get_bw are streaming per-operation "
                            "figures, not completed round trips")
@@ -121,6 +126,20 @@ def _run(cmd: list[str], env: dict, timeout: float) -> tuple[list[dict], str | N
     return recs, None
 
 
+def _cores(opts: Options, n: int) -> list[int] | None:
+    """The cores of a job of ``n`` ranks bound one per core, or None (unbound: ``--no-bind``,
+    or fewer cores than ranks). Unbound, two spinning ranks on this 2-core VM were now
+    and then stacked on one core by the scheduler (8 B TCP latency 4.7-5.0 or 6.0-6.4 us
+    from one run to the next, ucx_perftest alike)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[:n] if opts.bind and n <= len(cpus) else None
+
+
+def _bind_args(opts: Options, n: int) -> list[str]:
+    """``ucxcomm run``'s binding arguments for a job of ``n`` ranks."""
+    return ["--bind-to", "core"] if _cores(opts, n) is not None else []
+
+
 def _job_args(suite: str, ops: list[str], size: int, opts: Options) -> list[str]:
     out = [suite, "--ops", ",".join(ops), "--size", str(size)]
     return out + (["--quick"] if opts.quick else []) + (["--gpu"] if opts.gpu else [])
@@ -130,7 +149,8 @@ def _under_ucxcomm(module: str) -> Callable[..., list[dict]]:
     def start(suite, ops, size, n, opts, env, note):
         py = sys.executable
         cmd = [py, "-m", "ucxcomm.cli", "run", "-n", str(n), "--timeout",
-               str(int(opts.timeout)), py, "-m", f"ucxcomm.bench.{module}",
+               str(int(opts.timeout)), *_bind_args(opts, n), py, "-m",
+               f"ucxcomm.bench.{module}",
                *_job_args(suite, ops, size, opts)]
         recs, err = _run(cmd, env, opts.timeout + 30)
         if err:
@@ -147,7 +167,8 @@ def _mpiexec() -> str | None:
 def _start_mpi(suite, ops, size, n, opts, env, note):
     if opts.transport == "tcp":  # MPICH's own UCX finds no peer with lo alone
         env = {k: v for k, v in env.items() if k != "UCX_NET_DEVICES"}
-    cmd = [_mpiexec() or "mpiexec", "-n", str(n), sys.executable, "-m",
+    bind = ["-bind-to", "core"] if _cores(opts, n) is not None else []
+    cmd = [_mpiexec() or "mpiexec", *bind, "-n", str(n), sys.executable, "-m",
            "ucxcomm.bench.ranks_mpi", *_job_args(suite, ops, size, opts)]
     recs, err = _run(cmd, env, opts.timeout)
     if err:
@@ -160,11 +181,15 @@ def _start_gloo(suite, ops, size, n, opts, env, note):
     port = str(_perftest.free_port())
     cmd = [sys.executable, "-m", "ucxcomm.bench.ranks_gloo", *_job_args(suite, ops, size, opts)]
     procs = []
+    cores = _cores(opts, n)
     for r in range(n):
         renv = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(r),
                     WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n))
+        bind = None if cores is None else functools.partial(os.sched_setaffinity, 0,
+                                                             (cores[r],))
         procs.append(subprocess.Popen(cmd, env=renv, stdin=subprocess.DEVNULL, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      preexec_fn=bind))
     deadline = time.monotonic() + opts.timeout
     outs = []
     try:
@@ -222,7 +247,8 @@ def _torch(backend: str) -> Callable[..., list[dict]]:
     def start(suite, ops, size, n, opts, env, note):
         py = sys.executable
         cmd = [py, "-m", "ucxcomm.cli", "run", "-n", str(n), "--timeout",
-               str(int(opts.timeout)), py, "-m", "ucxcomm.bench.ranks_torch",
+               str(int(opts.timeout)), *_bind_args(opts, n), py, "-m",
+               "ucxcomm.bench.ranks_torch",
                *_job_args(suite, ops, size, opts), "--backend", backend]
         recs, err = _run(cmd, env, opts.timeout + 30)
         if err:
@@ -256,7 +282,8 @@ def _start_perftest(suite, ops, size, n, opts, env, note):
         lat = OPS[op][0] == "us"
         iters = (2000 if opts.quick else 20000) if lat and size <= 65536 else \
             (20 if opts.quick else 200)
-        got = _perftest.perftest(test, size, iters, penv, mem="cuda" if opts.gpu else None)
+        got = _perftest.perftest(test, size, iters, penv, mem="cuda" if opts.gpu else None,
+                                 cores=_cores(opts, 2))
         if got is None:
             note(f"ucx_perftest -t {test} -s {size} failed")
             continue
