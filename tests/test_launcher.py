@@ -174,12 +174,12 @@ print("AFF", os.environ["UCXCOMM_RANK"], sorted(os.sched_getaffinity(0)), seen[0
 """
 
 
-def _affinities(nranks: int, *bind: str) -> dict[int, tuple[str, ...]]:
+def _affinities(nranks: int, *bind: str, **extra: str) -> dict[int, tuple[str, ...]]:
     proc = subprocess.run([sys.executable, "-m", "ucxcomm.cli", "run", "-n", str(nranks),
                            "--timeout", "60", *bind, sys.executable, "-c", _AFFINITY],
                           capture_output=True, text=True, timeout=90, cwd=ROOT,
-                          env={k: v for k, v in os.environ.items()
-                               if not k.startswith("UCXCOMM_")})
+                          env={**{k: v for k, v in os.environ.items()
+                                  if not k.startswith("UCXCOMM_")}, **extra})
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = {}
     for line in proc.stdout.splitlines():
@@ -192,21 +192,28 @@ def _affinities(nranks: int, *bind: str) -> dict[int, tuple[str, ...]]:
 
 def test_bind_to_core_gives_each_rank_its_own_core():
     """``--bind-to core``: rank r (and every thread it starts) runs only on the r-th CPU
-    the launcher may use, round robin when ranks outnumber them; the ranks know how many
-    share a core, so spinning waiters yield only then. Without it nothing is bound."""
+    the launcher may use, round robin when ranks outnumber them; each rank knows how many
+    share its CPU, so spinning waiters yield only then. Without it nothing is bound, and
+    a count inherited from a bound job is not passed on (review)."""
     from ucxcomm.launch.launcher import core_binding
+    from ucxcomm.transport.worker import quota_cores
 
     cpus = sorted(os.sched_getaffinity(0))
+    quota = quota_cores()  # (a cgroup CPU quota below the rank count makes them yield)
     n = min(len(cpus), 4)
-    got = _affinities(n, "--bind-to", "core")
+    got = _affinities(n, "--bind-to", "core", UCXCOMM_SPIN_YIELD="auto")
+    crowded = str(quota is not None and n > quota)
     for r in range(n):
-        assert got[r] == (f"[{cpus[r]}]", f"[{cpus[r]}]", "1", "False"), got
-    over = _affinities(len(cpus) + 1, "--bind-to", "core")
+        assert got[r] == (f"[{cpus[r]}]", f"[{cpus[r]}]", "1", crowded), got
+    over = _affinities(len(cpus) + 1, "--bind-to", "core", UCXCOMM_SPIN_YIELD="auto")
     assert over[len(cpus)][:2] == (f"[{cpus[0]}]",) * 2, over
-    assert {v[2:] for v in over.values()} == {("2", "True")}, over
-    free = _affinities(2)
+    crowded = str(quota is not None and len(cpus) + 1 > quota)
+    for r in range(len(cpus) + 1):  # rank 0 and the last share cpus[0]
+        want = ("2", "True") if r in (0, len(cpus)) else ("1", crowded)
+        assert over[r][2:] == want, over
+    free = _affinities(2, UCXCOMM_RANKS_PER_CORE="1")
     assert {v[:3] for v in free.values()} == {(str(cpus), str(cpus), "None")}, free
-    assert core_binding(5, [3, 7]) == ([3, 7, 3, 7, 3], 3)
+    assert core_binding(5, [3, 7]) == [3, 7, 3, 7, 3]
     with pytest.raises(ValueError, match="no CPU"):
         core_binding(1, [])
 

@@ -308,8 +308,12 @@ def test_spinning_waiters_yield_only_when_ranks_outnumber_cores():
     assert spin_yield({"UCXCOMM_LOCAL_SIZE": "64", "UCXCOMM_SPIN_YIELD": "no"}) is False
     # Bound one per core (ucxcomm run --bind-to core): each rank's affinity is one core,
     # so only the ranks sharing it count.
-    assert spin_yield({"UCXCOMM_LOCAL_SIZE": "2", "UCXCOMM_RANKS_PER_CORE": "1"}) is False
-    assert spin_yield({"UCXCOMM_LOCAL_SIZE": "2", "UCXCOMM_RANKS_PER_CORE": "2"}) is True
+    bound = {"UCXCOMM_LOCAL_SIZE": "2", "UCXCOMM_RANKS_PER_CORE": "1"}
+    assert spin_yield(bound, "max 100000") is False
+    assert spin_yield(dict(bound, UCXCOMM_RANKS_PER_CORE="2"), "max 100000") is True
+    # ... unless a CPU quota allows fewer CPUs than the host has ranks (review).
+    assert spin_yield(bound, "100000 100000") is True
+    assert spin_yield(bound, "200000 100000") is False
 
 
 def test_usable_cores_honours_a_cgroup_cpu_quota():

@@ -121,10 +121,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "(0: never spin)"),
     Setting("UCXCOMM_SPIN_YIELD", _bool_or_auto, "auto",
             "whether a spinning waiter gives its core away (sched_yield) on every turn; "
-            "auto: when ranks share this rank's core (UCXCOMM_RANKS_PER_CORE > 1, ranks "
-            "bound by ucxcomm run --bind-to core), else when this host's ranks "
-            "(UCXCOMM_LOCAL_SIZE) outnumber the cores this process may run on (affinity, "
-            "capped by a cgroup CPU quota), or their number is unknown"),
+            "auto: for ranks bound by ucxcomm run --bind-to core, when ranks share this "
+            "rank's CPU (UCXCOMM_RANKS_PER_CORE > 1) or this host's ranks outnumber a "
+            "cgroup CPU quota; otherwise when this host's ranks (UCXCOMM_LOCAL_SIZE) "
+            "outnumber the cores this process may run on (affinity, capped by a cgroup CPU "
+            "quota), or their number is unknown"),
     Setting("UCXCOMM_RMA_SPIN_US", _nonneg_float, 200.0,
             "microseconds the RMA progress thread keeps polling after activity"),
     Setting("UCXCOMM_MMAP_THRESHOLD", _int, 1 << 20,
@@ -149,7 +150,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("UCXCOMM_LOCAL_RANK", _int, None, "rank on this host", launcher=True),
     Setting("UCXCOMM_LOCAL_SIZE", _int, None, "ranks on this host", launcher=True),
     Setting("UCXCOMM_RANKS_PER_CORE", _int, None,
-            "ranks bound to this rank's core (ucxcomm run --bind-to core)", launcher=True),
+            "ranks bound to this rank's CPU (ucxcomm run --bind-to core)", launcher=True),
     # building and CI
     Setting("UCXCOMM_UCX_PREFIX", _text, None,
             "install time: build against the UCX headers under this prefix instead of "

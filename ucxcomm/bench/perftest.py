@@ -38,6 +38,8 @@ def perftest(test: str, size: int, iters: int, env: dict, timeout: float = 300,
     env = dict(env, LD_LIBRARY_PATH=str(exe.parent.parent / "lib"))
     port = free_port()
     mflag = ["-m", mem] if mem else []
+    if cores is not None and len(cores) < 2:
+        raise ValueError(f"cores: one CPU for the server and one for the client, got {cores}")
     bind = [None, None] if cores is None else [
         functools.partial(os.sched_setaffinity, 0, (c,)) for c in cores[:2]]
     server = subprocess.Popen([str(exe), "-p", str(port), *mflag], env=env,

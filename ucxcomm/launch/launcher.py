@@ -8,9 +8,11 @@ when the first rank fails: the others get SIGTERM, then SIGKILL after a grace pe
 The job's exit code is the first failing rank's (128+signal for a signal); ranks that
 exit 0 do not end the job. SIGINT/SIGTERM to the launcher reach every rank.
 
-With ``bind="core"`` (``ucxcomm run --bind-to core``, like ``mpiexec -bind-to core``) rank
-*r* may run only on the *r*-th of the launcher's CPUs (round robin when ranks outnumber
-them) and learns how many ranks share its core (``UCXCOMM_RANKS_PER_CORE``): two ranks
+With ``bind="core"`` (``ucxcomm run --bind-to core``) rank *r* may run only on the *r*-th
+of the launcher's CPUs (round robin when ranks outnumber them; one logical CPU each, so on
+an SMT machine two ranks may share a physical core when its hardware threads come in a
+row in the launcher's affinity) and learns how many ranks share that CPU
+(``UCXCOMM_RANKS_PER_CORE``): two ranks
 spinning on two cores otherwise get moved onto one core now and then by the scheduler,
 which made 8 B loopback TCP latency bimodal here (4.7-5.0 us or 6.0-6.4 us per run, for
 ucx_perftest as for ucxcomm).
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import secrets
 import signal
@@ -36,14 +37,13 @@ KILL_GRACE_S = 5.0
 BIND_CHOICES = ("none", "core")
 
 
-def core_binding(nprocs: int, cores: Sequence[int] | None = None) -> tuple[list[int], int]:
-    """The core of each of ``nprocs`` ranks bound one per core, round robin over ``cores``
-    (default: the CPUs this process may run on, in order), and how many ranks share the
-    busiest core."""
+def core_binding(nprocs: int, cores: Sequence[int] | None = None) -> list[int]:
+    """The CPU of each of ``nprocs`` ranks bound one per CPU, round robin over ``cores``
+    (default: the CPUs this process may run on, in order)."""
     cores = sorted(os.sched_getaffinity(0)) if cores is None else list(cores)
     if not cores:
         raise ValueError("no CPU to bind ranks to")
-    return [cores[r % len(cores)] for r in range(nprocs)], -(-nprocs // len(cores))
+    return [cores[r % len(cores)] for r in range(nprocs)]
 
 
 def _exit_code(returncode: int) -> int:
@@ -61,10 +61,7 @@ class _Job:
                  timeout: float | None, bind: str = "none") -> None:
         self.nprocs, self.cmd = nprocs, _command(argv)
         self.tag_output, self.timeout = tag_output, timeout
-        self.cores: list[int] | None = None
-        self.per_core = 0
-        if bind == "core":
-            self.cores, self.per_core = core_binding(nprocs)
+        self.cores = core_binding(nprocs) if bind == "core" else None
         self.procs: list[asyncio.subprocess.Process] = []
         self.code: int | None = None
         self.stopping = False
@@ -136,8 +133,9 @@ class _Job:
             # store (on rank 0) gets a port free now, outside the ephemeral range.
             base.update(WORLD_SIZE=str(self.nprocs), LOCAL_WORLD_SIZE=str(self.nprocs),
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-            if self.cores is not None:
-                base["UCXCOMM_RANKS_PER_CORE"] = str(self.per_core)
+            # (Only this job's binding counts: a job started inside a bound rank must
+            # not inherit that rank's count.)
+            base.pop("UCXCOMM_RANKS_PER_CORE", None)
             # Output always goes through the launcher, a whole line at a time; ranks
             # write unbuffered so that it comes as it is printed.
             pipe = asyncio.subprocess.PIPE
@@ -165,19 +163,26 @@ class _Job:
             for rank in range(self.nprocs):
                 env = dict(base, UCXCOMM_RANK=str(rank), UCXCOMM_LOCAL_RANK=str(rank),
                            RANK=str(rank), LOCAL_RANK=str(rank))
-                # In the child between fork and exec (one system call): every thread
-                # the rank starts later inherits the mask.
-                bind = (None if self.cores is None else
-                        functools.partial(os.sched_setaffinity, 0, (self.cores[rank],)))
+                saved = None
+                if self.cores is not None:
+                    core = self.cores[rank]
+                    env.update(UCXCOMM_RANKS_PER_CORE=str(self.cores.count(core)))
+                    # The child inherits this thread's mask at fork (every thread it
+                    # starts later inherits it in turn); restored once it is started.
+                    saved = os.sched_getaffinity(0)
+                    os.sched_setaffinity(0, (core,))
                 try:
                     proc = await asyncio.create_subprocess_exec(
                         *self.cmd, env=env, stdout=pipe, stderr=pipe, stdin=None,
-                        start_new_session=True, limit=1 << 20, preexec_fn=bind)
+                        start_new_session=True, limit=1 << 20)
                 except OSError as exc:
                     self._say(f"cannot start {self.cmd[0]!r}: {exc}")
                     self.code = 127
                     await self.stop()
                     return 127
+                finally:
+                    if saved is not None:
+                        os.sched_setaffinity(0, saved)
                 self.procs.append(proc)
                 assert proc.stdout is not None and proc.stderr is not None
                 self.pumps.append(asyncio.ensure_future(

@@ -83,40 +83,50 @@ _ENGINE_METHODS = ("send", "send_raw", "exchange", "send_ptr", "recv_ptr", "subt
                    "stream_send", "stream_recv", "pending", "poll")
 
 
-def spin_yield(env: Mapping[str, str] | None = None) -> bool:
+def spin_yield(env: Mapping[str, str] | None = None, cpu_max: str | None = None) -> bool:
     """Whether spinning waiters yield their core on every turn (``UCXCOMM_SPIN_YIELD``;
-    auto: when ranks share this rank's core, as the launcher that bound it says, else
-    when this host's ranks outnumber this process's cores, or are not known)."""
+    auto: when ranks share this rank's CPU, as the launcher that bound it says, or this
+    host's ranks outnumber the CPUs a cgroup quota allows; unbound, when this host's
+    ranks outnumber this process's cores, or are not known). ``cpu_max``: as for
+    :func:`usable_cores`."""
     choice = settings.get("UCXCOMM_SPIN_YIELD", env)
     if choice != "auto":
         return bool(choice)
-    per_core = settings.get("UCXCOMM_RANKS_PER_CORE", env)
-    if per_core is not None:  # bound one per core (a rank's affinity is its one core)
-        return per_core > 1
     local = settings.get("UCXCOMM_LOCAL_SIZE", env)
-    return local is None or local > usable_cores()
+    per_core = settings.get("UCXCOMM_RANKS_PER_CORE", env)
+    if per_core is not None:  # bound: this rank's affinity is its one CPU
+        quota = quota_cores(cpu_max)
+        return per_core > 1 or (local is not None and quota is not None and local > quota)
+    return local is None or local > usable_cores(cpu_max)
 
 
-def usable_cores(cpu_max: str | None = None) -> int:
-    """The cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU
-    quota (``cpu.max``: ``"<quota> <period>"`` or ``"max <period>"``; a container
-    started with ``--cpus=2`` still sees every host CPU in its affinity)."""
-    cores = len(os.sched_getaffinity(0))
+def quota_cores(cpu_max: str | None = None) -> int | None:
+    """The CPUs a cgroup v2 CPU quota allows (``cpu.max``: ``"<quota> <period>"`` or
+    ``"max <period>"``, read from ``/sys/fs/cgroup/cpu.max`` when not given), rounded
+    up; None when there is no quota (or it cannot be read)."""
     if cpu_max is None:
         try:
             with open("/sys/fs/cgroup/cpu.max") as f:
                 cpu_max = f.read()
         except OSError:
-            return cores
+            return None
     parts = cpu_max.split()
-    if len(parts) == 2 and parts[0] != "max":
-        try:
-            quota, period = int(parts[0]), int(parts[1])
-        except ValueError:
-            return cores
-        if quota > 0 and period > 0:
-            cores = min(cores, max(1, -(-quota // period)))
-    return cores
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    return max(1, -(-quota // period)) if quota > 0 and period > 0 else None
+
+
+def usable_cores(cpu_max: str | None = None) -> int:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU
+    quota (:func:`quota_cores`; a container started with ``--cpus=2`` still sees every
+    host CPU in its affinity)."""
+    cores = len(os.sched_getaffinity(0))
+    quota = quota_cores(cpu_max)
+    return cores if quota is None else min(cores, quota)
 
 
 class Worker(Transport):
