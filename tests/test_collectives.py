@@ -34,11 +34,12 @@ def test_mismatched_sizes_named():
     run_case(COLL_CASES, "mismatched_sizes_named", 2)
 
 
-def test_mismatched_sizes_named_when_the_receive_waits():
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_mismatched_sizes_named_when_the_receive_waits(nranks):
     """Regression (flaky before: ~2 runs in 12): a compiled small collective whose receive
     had to wait (no spinning, the root arrives late) did not check the message's size:
-    the overflowing Bcast raised nothing on the receiving rank."""
-    run_case(COLL_CASES, "mismatched_sizes_named", 2,
+    the overflowing Bcast raised nothing on the receiving rank (3 ranks: the group path)."""
+    run_case(COLL_CASES, "mismatched_sizes_named", nranks,
              env={"UCXCOMM_SPIN_US": "0", "UCXCOMM_TEST_LATE_ROOT": "1"})
 
 

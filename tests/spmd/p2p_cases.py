@@ -8,8 +8,10 @@ code and that every rank printed it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
+import weakref
 
 import numpy as np
 
@@ -363,6 +365,15 @@ async def fast_path(comm):
             pass
         else:
             raise AssertionError(f"operation on a closed comm: {call}")
+    # The path holds its communicator weakly: a dropped one goes at once, not at the
+    # garbage collector's next pass (review: a reference cycle kept it).
+    gc.disable()
+    try:
+        gone = weakref.ref(sub)
+        del sub, call, bad
+        assert gone() is None, gc.get_referrers(gone())
+    finally:
+        gc.enable()
     await comm.barrier()
 
 

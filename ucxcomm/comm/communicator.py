@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -191,10 +192,19 @@ class Comm:
         self._post_recv_obj = g.post_recv_obj
         self._finish_recv_obj = g.finish_recv_obj
         # Send/Isend and Recv/Irecv: one compiled call each in the common case (the
-        # transport's p2p path), which falls back on _post_send / _recv_slow.
+        # transport's p2p path), which falls back on _post_send / _recv_slow. Through a
+        # weak reference: the path belongs to this communicator, and a cycle would keep
+        # a dropped one (and its scratch memory) until the garbage collector runs.
+        me = weakref.ref(self)
+
+        def slow_send(buf: Any, dest: Any, tag: Any) -> Any:
+            return me()._post_send(buf, dest, tag)  # type: ignore[union-attr]
+
+        def slow_recv(buf: Any, source: Any, tag: Any, spin: bool, post: bool) -> Any:
+            return me()._recv_slow(buf, source, tag, spin, post)  # type: ignore[union-attr]
+
         fast = g.transport.p2p_path(g, world, g.eps, g._match_cache, KIND_P2P, g.p2p_base,
-                                    g.size, TAG_UB, recv_status, self._post_send,
-                                    self._recv_slow)
+                                    g.size, TAG_UB, recv_status, slow_send, slow_recv)
         self._send_now = self._post_send if fast is None else fast.send
         self._recv_now = self._recv_slow if fast is None else fast.recv
 
