@@ -367,10 +367,14 @@ async def fast_path(comm):
             raise AssertionError(f"operation on a closed comm: {call}")
     # The path holds its communicator weakly: a dropped one goes at once, not at the
     # garbage collector's next pass (review: a reference cycle kept it).
+    tmp = await comm.dup()
+    await tmp.Send(got, comm.rank)  # (its path used once)
+    await tmp.Recv(got, comm.rank)
+    await tmp.close()
     gc.disable()
     try:
-        gone = weakref.ref(sub)
-        del sub, call, bad
+        gone = weakref.ref(tmp)
+        del tmp
         assert gone() is None, gc.get_referrers(gone())
     finally:
         gc.enable()
