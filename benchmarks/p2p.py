@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _driver
 
-from _osu import BW_SIZES, LAT_SIZES, bw_reps, emit, lat_iters, window
+from _osu import BW_SIZES, LAT_REPS, LAT_SIZES, bw_reps, emit, lat_iters, window
 
 
 # --------------------------------------------------------------------------- ranks
@@ -46,7 +46,7 @@ async def bench_ucxcomm(comm) -> None:
     for size in LAT_SIZES:
         buf = np.zeros(size, np.uint8)
         samples = []
-        for _rep in range(3):
+        for rep in range(LAT_REPS + 1):  # rep 0 warms up
             n = lat_iters(size)
             await comm.barrier()
             t0 = time.perf_counter()
@@ -57,7 +57,8 @@ async def bench_ucxcomm(comm) -> None:
                 else:
                     await comm.Recv(buf, other)
                     await comm.Send(buf, other)
-            samples.append((time.perf_counter() - t0) / n / 2 * 1e6)
+            if rep:
+                samples.append((time.perf_counter() - t0) / n / 2 * 1e6)
         if comm.rank == 0:
             emit("ucxcomm-buffers", "latency_us", size, samples, lanes=lanes)
     # small Python object

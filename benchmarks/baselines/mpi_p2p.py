@@ -8,7 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from _osu import BW_SIZES, LAT_SIZES, bw_reps, emit, lat_iters, window
+from _osu import BW_SIZES, LAT_REPS, LAT_SIZES, bw_reps, emit, lat_iters, window
 
 
 def main() -> None:
@@ -17,7 +17,7 @@ def main() -> None:
     for size in LAT_SIZES:
         buf = np.zeros(size, np.uint8)
         samples = []
-        for _rep in range(3):
+        for rep in range(LAT_REPS + 1):  # rep 0 warms up
             n = lat_iters(size)
             comm.Barrier()
             t0 = time.perf_counter()
@@ -28,7 +28,8 @@ def main() -> None:
                 else:
                     comm.Recv(buf, other)
                     comm.Send(buf, other)
-            samples.append((time.perf_counter() - t0) / n / 2 * 1e6)
+            if rep:
+                samples.append((time.perf_counter() - t0) / n / 2 * 1e6)
         if rank == 0:
             emit("mpi4py+mpich", "latency_us", size, samples)
     ack = np.zeros(1, np.uint8)
