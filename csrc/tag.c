@@ -89,25 +89,6 @@ int ucxcomm_test(void *req, int is_recv, uint64_t *sender_tag, size_t *length)
     return (int)st;
 }
 
-/* Stream messages (the connection handshake of listen/connect endpoints). */
-int ucxcomm_stream_send(uintptr_t ep, const void *buf, size_t n, void **req)
-{
-    ucp_request_param_t param;
-    param.op_attr_mask = 0;
-    return ucxcomm_status_ptr(ucp_stream_send_nbx((ucp_ep_h)ep, buf, n, &param), req);
-}
-
-/* Completes once all n bytes arrived. */
-int ucxcomm_stream_recv(uintptr_t ep, void *buf, size_t n, void **req)
-{
-    ucp_request_param_t param;
-    size_t length = 0;
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_STREAM_RECV_FLAG_WAITALL;
-    return ucxcomm_status_ptr(ucp_stream_recv_nbx((ucp_ep_h)ep, buf, n, &length, &param),
-                              req);
-}
-
 unsigned ucxcomm_progress(uintptr_t worker)
 {
     return ucp_worker_progress((ucp_worker_h)worker);

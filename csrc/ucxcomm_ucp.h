@@ -61,8 +61,6 @@ int ucxcomm_msg_recv(uintptr_t worker, void *buf, size_t n, void *msg, void **re
                      uint64_t *sender_tag, size_t *length);
 /* UCXCOMM_INPROGRESS, or the final status (the request is then freed). */
 int ucxcomm_test(void *req, int is_recv, uint64_t *sender_tag, size_t *length);
-int ucxcomm_stream_send(uintptr_t ep, const void *buf, size_t n, void **req);
-int ucxcomm_stream_recv(uintptr_t ep, void *buf, size_t n, void **req);
 unsigned ucxcomm_progress(uintptr_t worker);
 /* 1 when armed (safe to sleep on the worker's event fd), 0 when events are pending. */
 int ucxcomm_arm(uintptr_t worker);

@@ -321,12 +321,12 @@ async def test_header_the_reader_cannot_decode_fails_the_stream_not_a_hang():
     """Review finding: a header whose meta does not unpickle raised inside a done
     callback (only logged) and the consumer waited forever; now the stream fails."""
     async def handler(ep):
-        async with ep.stream_writer() as tx:
+        async with ep.stream_writer(codec="pickle") as tx:
             await tx.send(np.zeros(4), meta=_Unloadable())
 
     async with await listen(handler) as lst:
         ep = await connect("127.0.0.1", lst.port, timeout=30)
-        async with ep.stream_reader(window=2) as rx:
+        async with ep.stream_reader(window=2, codec="pickle") as rx:
             with pytest.raises(ValueError, match="cannot be rebuilt"):
                 await asyncio.wait_for(anext(rx), 30)
             with pytest.raises(ValueError):  # and stays failed
@@ -513,9 +513,9 @@ async def test_listen_bad_port():
         await listen(handler, 65536)
 
 
-async def test_streams_between_hosts_use_the_socket_endpoint(monkeypatch):
-    """Peers on different hosts (here: a host identity nobody shares) keep everything on
-    the socket-address endpoint (TCP here); streams and objects work the same."""
+async def test_streams_between_hosts_use_an_endpoint_with_error_handling(monkeypatch):
+    """Peers on different hosts (here: a host identity nobody shares) get an endpoint
+    with UCX peer error handling (TCP here); streams and objects work the same."""
     from ucxcomm.transport import listener as listener_mod
 
     monkeypatch.setattr(listener_mod, "host_identity", lambda: b"")
@@ -621,21 +621,26 @@ async def test_gpu_stream_device_to_device():
 
 
 # ------------------------------------------------------------------- example
-async def test_example_pipeline_runs():
+@pytest.mark.parametrize("token", [None, "pipeline-secret"])
+async def test_example_pipeline_runs(token):
     """examples/pipeline/: the producer and the consumer (separate processes) agree on
-    every batch; the consumer prints its throughput."""
+    every batch; the consumer prints its throughput. With UCXCOMM_PIPELINE_TOKEN in
+    both environments the connection is authenticated; without, loopback only."""
     ex = ROOT / "examples" / "pipeline"
+    env = {k: v for k, v in os.environ.items() if k != "UCXCOMM_PIPELINE_TOKEN"}
+    if token:
+        env["UCXCOMM_PIPELINE_TOKEN"] = token
     producer = await asyncio.create_subprocess_exec(
         sys.executable, str(ex / "producer.py"), "--port", "0", "--batches", "30", "--mib",
         "1", cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        stdin=asyncio.subprocess.DEVNULL)
+        stdin=asyncio.subprocess.DEVNULL, env=env)
     consumer = None
     try:
         port = (await line_starting(producer, "producer listening on port", 60)).strip()
         consumer = await asyncio.create_subprocess_exec(
             sys.executable, str(ex / "consumer.py"), "--port", port, cwd=ROOT,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            stdin=asyncio.subprocess.DEVNULL)
+            stdin=asyncio.subprocess.DEVNULL, env=env)
         out, err = await asyncio.wait_for(consumer.communicate(), 60)
         assert consumer.returncode == 0, err.decode()[-3000:]
         assert "30 batches, 30 MiB" in out.decode() and "GB/s" in out.decode()

@@ -30,10 +30,12 @@ from .comm import (
 )
 from .comm.window import Win
 from .errors import (
+    AuthenticationError,
     BootstrapError,
     ClosedError,
     CommTimeoutError,
     PeerFailure,
+    ProtocolError,
     TruncationError,
     UcxCommError,
     UnsupportedError,
@@ -71,12 +73,14 @@ __all__ = [
     "REPLACE",
     "SUM",
     "TAG_UB",
+    "AuthenticationError",
     "BootstrapError",
     "ClosedError",
     "Comm",
     "CommTimeoutError",
     "Op",
     "PeerFailure",
+    "ProtocolError",
     "Request",
     "Status",
     "TruncationError",

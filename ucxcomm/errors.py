@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationError",
     "BootstrapError",
     "ClosedError",
     "CommTimeoutError",
     "PeerFailure",
+    "ProtocolError",
     "TruncationError",
     "UcxCommError",
     "UnsupportedError",
@@ -34,6 +36,16 @@ class PeerFailure(UcxCommError):
     def __init__(self, message: str, peer: int | None = None) -> None:
         super().__init__(message)
         self.peer = peer
+
+
+class ProtocolError(PeerFailure):
+    """The peer sent something our protocol does not allow (a malformed header, a
+    batch or signal of another size than announced, a forged remote key, more batches
+    than its credits): refused before anything was allocated for it or handed over.
+
+    A :class:`PeerFailure`: code that handles a peer going away handles a misbehaving
+    one too. What it says is about the peer, never about this process's input.
+    """
 
 
 class CommTimeoutError(UcxCommError, TimeoutError):
@@ -74,3 +86,9 @@ class WindowError(UcxCommError):
 
 class UnsupportedError(UcxCommError, NotImplementedError):
     """A capability is absent here (for example a GPU buffer without CUDA support)."""
+
+
+class AuthenticationError(UcxCommError):
+    """A rank-less connection (``ucxcomm.transport.listen``/``connect``) failed the
+    listener's token check: wrong or missing token on one side. The connection is
+    closed on both sides; the listener's handler never saw it."""

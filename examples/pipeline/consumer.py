@@ -3,6 +3,11 @@ prints the throughput (see docs/pipelines.md).
 
     python examples/pipeline/consumer.py --host 127.0.0.1 --port 13337 [--gpu]
 
+``UCXCOMM_PIPELINE_TOKEN`` (the producer's secret, if it has one) authenticates both
+sides. Whatever the producer sends is checked before use: batch metadata arrives in the
+safe codec unless the connection is authenticated, so a rogue producer cannot make this
+process run code (it gets a ``ProtocolError`` instead).
+
 Received arrays live in a pool of reused buffers (host memory, or GPU memory with
 ``--gpu``); each batch is released as soon as it is reduced, which lets the producer send
 the next one.
@@ -12,13 +17,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 
 import ucxcomm
 
 
 async def main(args: argparse.Namespace) -> None:
-    ep = await ucxcomm.transport.connect(args.host, args.port, timeout=30)
+    token = os.environ.get("UCXCOMM_PIPELINE_TOKEN") or None
+    ep = await ucxcomm.transport.connect(args.host, args.port, token=token, timeout=30)
     print(f"connected over {ep.transport_info()}", flush=True)
     total, nbytes, count = 0.0, 0, 0
     t0 = time.perf_counter()

@@ -20,13 +20,12 @@ import contextlib
 import hmac
 import json
 import logging
-import socket
 import struct
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import settings
+from .._net import watch_liveness
 from ..errors import BootstrapError, CommTimeoutError
 
 __all__ = ["StoreClient", "StoreServer"]
@@ -42,26 +41,6 @@ MAX_AUTH_FRAME = 4096
 #: and how long one may take.
 MAX_UNAUTHENTICATED = 64
 AUTH_TIMEOUT_S = 10.0
-
-
-def _watch_liveness(writer: asyncio.StreamWriter) -> None:
-    """Make the connection drop within ``UCXCOMM_LIVENESS_S`` when the other end stops
-    answering. A killed process's kernel resets its connections at once, but a host cut
-    off the network sends nothing: TCP alone noticed only at its retransmission timeout
-    (minutes; ci/cluster-netns.sh cuts a host's link). Keepalive probes cover an idle
-    connection, ``TCP_USER_TIMEOUT`` unacknowledged data."""
-    sock = writer.get_extra_info("socket")
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return
-    limit = settings.get("UCXCOMM_LIVENESS_S")
-    opts = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
-    for name, value in (("TCP_KEEPIDLE", limit / 2), ("TCP_KEEPINTVL", limit / 6),
-                        ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", limit * 1000)):
-        if hasattr(socket, name):  # (Linux; elsewhere the system's keepalive defaults)
-            opts.append((socket.IPPROTO_TCP, getattr(socket, name), max(1, int(value))))
-    for level, opt, value in opts:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(level, opt, value)
 
 
 class _BadFrame(ValueError):
@@ -194,14 +173,14 @@ class StoreServer:
                 await writer.drain()
                 return
             writer.write(_encode({"ok": True}))
-            _watch_liveness(writer)
+            watch_liveness(writer)
             self._clients.add(writer)
             while True:
                 msg = await _read_frame(reader)
                 await self._handle(msg, writer)
         except _BadFrame as exc:
             log.warning("store: dropped %s: %s", peer, exc)
-        except (asyncio.IncompleteReadError, OSError):  # (ETIMEDOUT: _watch_liveness)
+        except (asyncio.IncompleteReadError, OSError):  # (ETIMEDOUT: watch_liveness)
             pass
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             log.warning("store: dropped %s after a malformed request (%s: %s)", peer,
@@ -365,7 +344,7 @@ class StoreClient:
             writer.close()
             raise BootstrapError(f"bootstrap store {host}:{port} refused us: "
                                  f"{reply.get('error')} (check UCXCOMM_TOKEN)")
-        _watch_liveness(writer)
+        watch_liveness(writer)
         return cls(reader, writer, f"{host}:{port}")
 
     async def _read_loop(self) -> None:
@@ -384,7 +363,7 @@ class StoreClient:
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
         except (asyncio.IncompleteReadError, OSError, ValueError):  # (OSError: ETIMEDOUT
-            pass                                                   # from _watch_liveness)
+            pass                                                   # from watch_liveness)
         except asyncio.CancelledError:
             # This process's event loop is ending without close(): say so, so that the
             # store reports an exit rather than a death (written at once, unanswered).

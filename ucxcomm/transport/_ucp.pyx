@@ -60,8 +60,6 @@ cdef extern from "ucxcomm_ucp.h" nogil:
     int ucxcomm_msg_recv(uintptr_t worker, void *buf, size_t n, void *msg, void **req,
                          uint64_t *sender_tag, size_t *length)
     int ucxcomm_test(void *req, int is_recv, uint64_t *sender_tag, size_t *length)
-    int ucxcomm_stream_send(uintptr_t ep, const void *buf, size_t n, void **req)
-    int ucxcomm_stream_recv(uintptr_t ep, void *buf, size_t n, void **req)
     unsigned ucxcomm_progress(uintptr_t worker)
     int ucxcomm_arm(uintptr_t worker)
     void ucxcomm_cancel(uintptr_t worker, void *req)
@@ -585,21 +583,6 @@ cdef class TagEngine:
                                        _fast_send(fast, n), &req)
         return self._polled_op(st, req, t[2], peers, "send", False)
 
-    def stream_send(self, uintptr_t ep, tuple t, object peers):
-        """Stream bytes to an endpoint (connection handshakes); None if done at once."""
-        cdef void *req = NULL
-        self._check(None)
-        cdef int st = ucxcomm_stream_send(ep, <const void *><uintptr_t>t[0], <size_t>t[1],
-                                          &req)
-        return self._polled_op(st, req, t[2], peers, "stream send", False)
-
-    def stream_recv(self, uintptr_t ep, tuple t, object peers):
-        """Receive exactly ``len(target)`` stream bytes from an endpoint."""
-        cdef void *req = NULL
-        self._check(None)
-        cdef int st = ucxcomm_stream_recv(ep, <void *><uintptr_t>t[0], <size_t>t[1], &req)
-        return self._polled_op(st, req, t[2], peers, "stream receive", False)
-
     cdef object _polled_op(self, int st, void *req, object keep, object peers, str what,
                            bint is_recv):
         """The outcome of a posted send/receive that needs no matching: None when it
@@ -672,6 +655,18 @@ cdef class TagEngine:
         op.finish = finish
         op.posted = post  # (a request: set again when it is posted to UCX)
         return self._post_match(op, spin)
+
+    def recv_posted(self, tuple t, uint64_t tag, uint64_t mask, object peers):
+        """A receive posted straight to UCX into target ``t``, never probed: UCX takes
+        the first message matching ``(tag, mask)``, from its unexpected queue or on
+        arrival. ``(sender_tag, nbytes, capacity)`` when it finished at once, else a
+        future of the same. A message larger than the buffer is consumed without being
+        written anywhere and without memory of its size (``nbytes > capacity``), so a
+        peer's oversized message costs nothing. Only for tags that no matched-probe
+        receive (:meth:`recv_into`, :meth:`recv_alloc`) waits on at the same time:
+        those would lose their place in the matching order."""
+        self._check(None)
+        return self._post_to_ucx(_target_op(t, tag, mask, peers))
 
     def irecv(self, object obj, uint64_t tag, uint64_t mask, object peers, object finish,
               bint spin=False, bint post=True):

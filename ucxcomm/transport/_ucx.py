@@ -26,12 +26,9 @@ __all__ = [
     "close_endpoint",
     "const",
     "create_context",
-    "create_listener",
     "create_worker",
     "creating_context",
     "endpoint_from_address",
-    "endpoint_from_conn_request",
-    "endpoint_from_host",
     "endpoint_transports",
     "library",
     "libucp_path",
@@ -247,10 +244,10 @@ def creating_context(what: str) -> Iterator[None]:
 
 
 def create_context(config: dict[str, str] | None = None) -> Any:
-    """A UCP context with TAG, STREAM, RMA, AMO32, AMO64, AM and WAKEUP features."""
+    """A UCP context with TAG, RMA, AMO32, AMO64, AM and WAKEUP features."""
     ucxx = load()
     f = ucxx.Feature
-    features = (f.TAG, f.STREAM, f.RMA, f.AMO32, f.AMO64, f.AM, f.WAKEUP)
+    features = (f.TAG, f.RMA, f.AMO32, f.AMO64, f.AM, f.WAKEUP)
     with creating_context("creating the UCX context"):
         return _call(lambda: ucxx.UCXContext(dict(config or {}), feature_flags=features),
                      what="creating the UCX context")
@@ -267,13 +264,6 @@ def create_worker(context: Any) -> Any:
         return worker
 
     return _call(make, what="creating the UCX worker")
-
-
-def create_listener(worker: Any, port: int, callback: Callable[[Any], None]) -> Any:
-    """A UCX listener on ``port`` (0: any); ``callback(conn_request)`` runs during
-    worker progress."""
-    ucxx = load()
-    return _call(ucxx.UCXListener.create, worker, port, callback, what=f"listening on {port}")
 
 
 def endpoint_from_address(worker: Any, address: bytes, peer: Any = None, *,
@@ -305,18 +295,6 @@ def endpoint_from_address(worker: Any, address: bytes, peer: Any = None, *,
     if status != 0:  # pragma: no cover - UCX refuses only bad parameters
         raise status_error(status, peer=peer, what=f"{what}: error callback")
     return ep
-
-
-def endpoint_from_host(worker: Any, host: str, port: int) -> Any:
-    """A UCX endpoint to a listener at ``host:port``, with UCX peer error handling."""
-    return _call(worker.create_endpoint_from_hostname, host, port, True,
-                 what=f"connecting to {host}:{port}")
-
-
-def endpoint_from_conn_request(listener: Any, conn_request: Any) -> Any:
-    """The endpoint of an incoming connection, with UCX peer error handling."""
-    return _call(listener.create_endpoint_from_conn_request, conn_request, True,
-                 what="accepting a connection")
 
 
 def expect_lost_requests() -> None:

@@ -1,20 +1,34 @@
-"""``Endpoint``: a connection from our worker to one peer worker."""
+"""``Endpoint``: a connection from our worker to one peer worker.
+
+Endpoints of a communicator carry raw 64-bit tags. *Connected* endpoints (from
+:func:`~ucxcomm.transport.connect` or a :func:`~ucxcomm.transport.listen` handler) scope
+their tags to the connection and carry objects, streams, region keys and signals; what
+their peer sends is checked before it is used (sizes against what was announced,
+headers against limits, remote keys against this UCX's layout: see docs/security.md),
+and a violation raises :class:`~ucxcomm.ProtocolError` instead of handing over
+anything.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from .._serialize import decode_header, encode, loads
-from ..errors import ClosedError, TruncationError
+from .._net import watch_liveness
+from .._serialize import CODECS, decode_header, encode, loads
+from ..errors import ClosedError, PeerFailure, ProtocolError, TruncationError
 from . import _ucx
 from .base import FULL_MASK, Link, Peers, RecvResult, Region, Remote, Target
 from .pool import BufferPool
-from .stream import DEFAULT_WINDOW, StreamReader, StreamWriter
+from .stream import DEFAULT_MAX_BATCH_BYTES, DEFAULT_WINDOW, StreamReader, StreamWriter
 
-__all__ = ["FAST_SEND_TRANSPORTS", "MAX_STREAM", "USER_TAG_MAX", "Endpoint", "Signal"]
+__all__ = ["FAST_SEND_TRANSPORTS", "MAX_OBJECT_BYTES", "MAX_STREAM", "USER_TAG_MAX",
+           "Endpoint", "Signal"]
+
+log = logging.getLogger(__name__)
 
 # Tags of a connected endpoint (the low 32 bits; the high 32 name the receiving side):
 #: Largest user tag on a connected endpoint; tags from 2**31 up are ucxcomm's own.
@@ -30,6 +44,12 @@ _STREAM_TAG = _CTL_TAG + 16  # + 4 * stream id + message kind (stream.py)
 MAX_STREAM = ((1 << 32) - _STREAM_TAG) // 4 - 1
 _SIGNAL = struct.Struct("<QQq")  # offset, nbytes, value
 _REGION = struct.Struct("<QQ")  # address, nbytes (then the rkey)
+_MAX_REGION_MESSAGE = 1 << 16  # a region key message (ours are a few hundred bytes)
+#: Most bytes of payload frames one object received on a connection may announce.
+MAX_OBJECT_BYTES = 1 << 40
+#: After a connection closes, messages its peer sent that nobody received are drained
+#: (received and dropped) now and again after these delays (stragglers in flight).
+_DRAIN_AGAIN_S = (0.5, 5.0)
 
 
 class Signal(NamedTuple):
@@ -77,8 +97,11 @@ class _Owner(Protocol):
                   grace: float | None = None) -> None: ...
     def is_dead(self, peer: Any) -> bool: ...
     def remote_memory(self, rkey: bytes, address: int, nbytes: int,
-                      peer: Any = None) -> Remote: ...
+                      peer: Any = None, *, strict: bool = False) -> Remote: ...
     async def drain(self, peers: Peers, timeout: float) -> None: ...
+    def drain_namespace(self, ns: int) -> int: ...
+    def recv_posted(self, target: Target, tag: int, mask: int,
+                    peers: Peers) -> RecvResult | asyncio.Future: ...
 
 
 class Endpoint(Link):
@@ -88,9 +111,9 @@ class Endpoint(Link):
     operations when that peer is declared dead.
     """
 
-    __slots__ = ("_closed", "_data", "_ep", "_fast", "_frame_seq", "_handle", "_keep",
-                 "_peers", "_recv_ns", "_send_ns", "_sender", "_streams", "_worker",
-                 "isend", "peer")
+    __slots__ = ("_closed", "_ctl", "_ep", "_fast", "_frame_seq", "_handle", "_peers",
+                 "_reason", "_recv_ns", "_send_ns", "_sender", "_streams", "_trusted",
+                 "_watch", "_worker", "isend", "peer")
 
     def __init__(self, worker: _Owner, ucx_ep: Any, peer: Any = None) -> None:
         self._worker = worker
@@ -105,11 +128,12 @@ class Endpoint(Link):
         self._recv_ns: int | None = None
         self._frame_seq = 0
         self._streams: dict[tuple[str, int], Any] = {}  # open stream readers/writers
-        # What must outlive the UCX endpoint (the listener that accepted it: UCX keeps
-        # calling that listener's callback while the endpoint exists).
-        self._keep: Any = None
-        # A second UCX endpoint that carries the messages (see use_data_path), or None.
-        self._data: Any = None
+        # Connected endpoints: whether the peer proved it holds the listener's token,
+        # the connection's TCP stream (its liveness watch) and the task watching it.
+        self._trusted = False
+        self._ctl: Any = None
+        self._watch: asyncio.Task | None = None
+        self._reason: ProtocolError | None = None  # why we refused the peer, if we did
         self._fast = self._fast_lanes()
         # isend (Link.isend) is one compiled call: the engine's sender for this endpoint,
         # whose handle, lanes and closed flag this object keeps current.
@@ -124,21 +148,72 @@ class Endpoint(Link):
             lanes = []
         return bool(lanes) and all(tl in FAST_SEND_TRANSPORTS for tl, _ in lanes)
 
-    def use_data_path(self, ucx_ep: Any) -> None:
-        """Send every message through ``ucx_ep`` (an endpoint of the same worker to the
-        same peer, created from its worker address) from now on; the endpoint this one
-        was created with stays open and still reports the peer's failure.
+    def _connected(self, recv_ns: int, send_ns: int, trusted: bool,
+                   reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Make this a connected endpoint (by the handshake of :mod:`.listener`): tags
+        scoped by the two namespaces, ``trusted`` when the peer proved it holds the
+        token, and the connection's TCP stream watched: when it ends, the peer is
+        gone (every pending and later operation fails with PeerFailure)."""
+        self._recv_ns, self._send_ns, self._trusted = recv_ns, send_ns, trusted
+        self._ctl = writer
+        watch_liveness(writer)
+        self._watch = asyncio.get_running_loop().create_task(self._watch_peer(reader))
 
-        A connection from a listener carries UCX peer error handling, which keeps UCX on
-        TCP; an endpoint from the worker address uses shared memory and CMA between
-        processes on one host (issue 12: 1 MiB batches ~0.6 GB/s on TCP here). All
-        messages move to it before the first user message, so they stay in order.
-        """
-        self._data = ucx_ep
-        self._handle = ucx_ep.handle
-        self._fast = self._fast_lanes()
-        self._sender.handle = self._handle
-        self._sender.fast = self._fast
+    async def _watch_peer(self, reader: asyncio.StreamReader) -> None:
+        try:
+            data = await reader.read(1)
+        except asyncio.CancelledError:
+            return
+        except (ConnectionError, OSError):  # (ETIMEDOUT: the keepalive gave up)
+            data = b""
+        if self._closed or self._worker.closed or self._reason is not None:
+            return
+        if data:
+            self._refuse("the peer wrote on the connection's control stream after the "
+                         "handshake")
+            return
+        exc = PeerFailure("the connection was closed by its peer", peer=None)
+        log.info("connection %s: %s", self._label(), exc)
+        self._worker.fail_peer(self.peer, exc)
+        # What it sent and nobody received is dropped once the grace period in which
+        # it is still delivered is over (see _drain).
+        if self._recv_ns is not None:
+            asyncio.get_running_loop().call_later(1.0, self._drain, self._recv_ns, 0)
+
+    def _label(self) -> str:
+        return str(self.peer[1]) if isinstance(self.peer, tuple) else str(self.peer)
+
+    def _refuse(self, what: str) -> ProtocolError:
+        """The peer broke the protocol: every pending and later operation on this
+        connection fails with the returned :class:`ProtocolError`, the liveness stream
+        is closed and what the peer sent is dropped (repeatedly, while it keeps
+        sending). The endpoint stays to be closed by its user."""
+        exc = ProtocolError(what)
+        if self._reason is not None or self._closed:
+            return self._reason or exc
+        self._reason = exc
+        log.warning("connection %s: %s; no longer used", self._label(), what)
+        if not self._worker.closed:
+            self._worker.fail_peer(self.peer, exc, grace=0.0)
+        if self._ctl is not None:
+            self._ctl.close()
+        if self._recv_ns is not None:
+            self._drain(self._recv_ns, 0)
+        return exc
+
+    def _codec(self, codec: str | None) -> str:
+        """``codec`` checked; None: pickle between authenticated peers, else safe."""
+        if codec is None:
+            return "pickle" if self._trusted else "safe"
+        if codec not in CODECS:
+            raise ValueError(f"codec must be one of {CODECS} or None, got {codec!r}")
+        return codec
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the peer proved it holds the listener's token (objects then use
+        pickle by default; see :meth:`send_obj`)."""
+        return self._trusted
 
     @property
     def closed(self) -> bool:
@@ -183,9 +258,21 @@ class Endpoint(Link):
         """The peer's registered memory (``rkey``, ``address`` and ``nbytes`` from its
         ``worker.register(buf)``): a :class:`~ucxcomm.transport.rma.RemoteMemory` with
         ``put``, ``get``, ``flush`` and atomics (``fetch_add``, ``compare_swap``...);
-        its waits fail with ``PeerFailure`` once this endpoint's peer is declared dead."""
+        its waits fail with ``PeerFailure`` once this endpoint's peer is declared dead.
+
+        On a connected endpoint the key is checked as coming from the peer (strict: see
+        :class:`~ucxcomm.transport.rma.RemoteMemory`).
+
+        Raises
+        ------
+        ValueError
+            ``rkey`` is not a remote key (or, connected, not one the peer could have
+            made for memory of its own).
+        ClosedError
+        """
         self._check_open()
-        return self._worker.remote_memory(rkey, address, nbytes, self.peer)
+        return self._worker.remote_memory(rkey, address, nbytes, self.peer,
+                                          strict=self._recv_ns is not None)
 
     def _scoped(self, ns: int | None, tag: int) -> int:
         if ns is None:  # a raw worker-address endpoint: the tag is the UCX tag
@@ -239,18 +326,28 @@ class Endpoint(Link):
                                   "receive buffer", nbytes=nbytes, capacity=cap)
         return nbytes
 
-    async def send_obj(self, obj: Any) -> None:
-        """Send a picklable object on a connected endpoint (numpy payloads zero-copy).
+    async def send_obj(self, obj: Any, *, codec: str | None = None) -> None:
+        """Send an object on a connected endpoint (numpy payloads zero-copy).
+
+        ``codec``: ``"pickle"`` (any picklable object; the peer's ``recv_obj`` runs
+        whatever the pickle says, so only between peers that trust each other),
+        ``"safe"`` (plain data and numpy arrays, nothing callable: see
+        :mod:`ucxcomm._serialize`), or None: pickle on a connection authenticated with a
+        token, safe otherwise. The receiver must use the same codec.
 
         Raises
         ------
         TypeError
-            ``obj`` does not pickle (nothing is sent).
+            ``obj`` does not pickle, or holds what the safe codec does not carry
+            (nothing is sent).
+        ValueError
+            Unknown ``codec``.
         ClosedError, PeerFailure
         """
+        codec = self._codec(codec)
         ns = self._check_connected()[0]
         seq = self._frame_seq
-        message, frames = encode(obj, seq)
+        message, frames = encode(obj, seq, codec)
         futs = [self.isend(message, (ns << 32) | _OBJ_TAG)]
         if frames:
             self._frame_seq = (seq + 1) % _FRAME_SEQS
@@ -263,32 +360,58 @@ class Endpoint(Link):
             self._worker.wake()
             await asyncio.gather(*pending)
 
-    async def recv_obj(self) -> Any:
+    async def recv_obj(self, *, codec: str | None = None) -> Any:
         """Receive the next object sent with :meth:`send_obj` on this connection.
+
+        ``codec`` as for :meth:`send_obj` (the same on both sides). With ``"safe"``,
+        nothing the peer sent is unpickled: an object it pickled is refused.
 
         Raises
         ------
+        ProtocolError
+            The peer sent a malformed object, one in another codec, or payload frames
+            of other sizes than its header announced (refused before anything is built
+            from them; frames are received only as they arrive, never allocated from
+            the header's word).
+        ValueError
+            Unknown ``codec``.
         ClosedError, PeerFailure
         """
+        codec = self._codec(codec)
         base = self._check_connected()[1] << 32
         worker = self._worker
         res: Any = worker.recv_alloc(base | _OBJ_TAG, FULL_MASK, self._peers)
         if type(res) is not tuple:
             res = await worker.complete(res)
-        header = decode_header(res[2])
-        if not header.sizes:
-            return loads(header)
-        import numpy as np
-
-        buffers = [np.empty(n, dtype=np.uint8) for n in header.sizes]
+        try:
+            header = decode_header(res[2])
+        except ValueError as exc:
+            raise self._refuse(f"the peer sent {exc}") from None
+        if header.codec != codec:
+            raise self._refuse(f"the peer sent a {header.codec}-encoded object; this side "
+                               f"accepts codec={codec!r} (pass the same codec= on both "
+                               "sides)")
+        total = sum(header.sizes)
+        if total > MAX_OBJECT_BYTES:
+            raise self._refuse(f"the peer announced an object of {total} bytes (at most "
+                               f"{MAX_OBJECT_BYTES})")
+        buffers = []
         ftag = base | (_OBJ_TAG + 1 + header.seq)
-        pending = [f for f in (worker.tag_recv(worker.recv_ptr(b), ftag, FULL_MASK,
-                                               self._peers) for b in buffers)
-                   if f is not None]
-        if pending:
-            worker.wake()
-            await asyncio.gather(*pending)
-        return loads(header, buffers)
+        for i, size in enumerate(header.sizes):
+            # One frame at a time, allocated at the size that actually arrived.
+            got: Any = worker.recv_alloc(ftag, FULL_MASK, self._peers)
+            if type(got) is not tuple:
+                got = await worker.complete(got)
+            if got[1] != size:
+                raise self._refuse(f"frame {i} of an object has {got[1]} bytes where its "
+                                   f"header announced {size}")
+            buffers.append(got[2])
+        if codec == "pickle":
+            return loads(header, buffers)
+        try:
+            return loads(header, buffers)
+        except ValueError as exc:
+            raise self._refuse(f"the peer sent {exc}") from None
 
     def _check_connected(self) -> tuple[int, int]:
         """``(send namespace, receive namespace)``; raises unless connected."""
@@ -328,26 +451,31 @@ class Endpoint(Link):
             raise ValueError(f"stream {stream} already has an open {what} on this "
                              "endpoint; close it first")
 
-    def stream_writer(self, stream: int = 0) -> StreamWriter:
+    def stream_writer(self, stream: int = 0, *, codec: str | None = None) -> StreamWriter:
         """The sending side of stream ``stream`` on this connection: ``await
         w.send(arrays)`` per batch, ``await w.close()`` to end it (or ``async with``).
 
         The peer reads it with :meth:`stream_reader` (same ``stream``); sends wait while
-        the reader's window is full (backpressure). See docs/pipelines.md.
+        the reader's window is full (backpressure). ``codec`` encodes each batch's
+        ``meta`` (as for :meth:`send_obj`; the reader must use the same). See
+        docs/pipelines.md.
 
         Raises
         ------
         ValueError
-            Bad ``stream``, or a writer for it is already open here.
+            Bad ``stream`` or ``codec``, or a writer for it is already open here.
         TypeError
             Not a connected endpoint. ClosedError.
         """
+        codec = self._codec(codec)
         self._new_stream("w", stream)
-        w = self._streams[("w", stream)] = StreamWriter(self, stream)
+        w = self._streams[("w", stream)] = StreamWriter(self, stream, codec)
         return w
 
     def stream_reader(self, stream: int = 0, *, window: int = DEFAULT_WINDOW,
-                      pool: BufferPool | None = None, gpu: bool = False) -> StreamReader:
+                      pool: BufferPool | None = None, gpu: bool = False,
+                      codec: str | None = None,
+                      max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> StreamReader:
         """The receiving side of stream ``stream``: ``async for batch in reader``, each
         :class:`~ucxcomm.transport.stream.Batch` released when done (``with batch:``).
 
@@ -364,24 +492,37 @@ class Endpoint(Link):
         gpu : bool
             Receive into GPU memory (a cupy :class:`BufferPool`) when no ``pool`` is
             given.
+        codec : str, optional
+            How batches' ``meta`` is decoded (as for :meth:`recv_obj`: the writer must
+            use the same; with ``"safe"`` nothing the writer sends is unpickled).
+        max_batch_bytes : int
+            Most bytes one batch may announce (4 GiB by default): the reader allocates
+            a batch's buffers when its header arrives, so this, times ``window``, bounds
+            what a writer can make it allocate.
 
         Raises
         ------
         ValueError
-            Bad ``stream`` or ``window``, or a reader for it is already open here.
+            Bad ``stream``, ``window``, ``codec`` or ``max_batch_bytes``, or a reader for
+            it is already open here.
         TypeError
             Not a connected endpoint, or ``pool`` is not a BufferPool.
         UnsupportedError
             ``gpu=True`` without cupy. ClosedError.
         """
+        codec = self._codec(codec)
         self._new_stream("r", stream)
         if type(window) is not int or window < 1:
             raise ValueError(f"window must be an int >= 1, got {window!r}")
+        if type(max_batch_bytes) is not int or max_batch_bytes < 0:
+            raise ValueError(f"max_batch_bytes must be an int >= 0, got "
+                             f"{max_batch_bytes!r}")
         if pool is None:
             pool = BufferPool(gpu=gpu)
         elif not isinstance(pool, BufferPool):
             raise TypeError(f"pool must be a BufferPool, got {type(pool).__name__}")
-        r = self._streams[("r", stream)] = StreamReader(self, stream, window, pool)
+        r = self._streams[("r", stream)] = StreamReader(self, stream, window, pool, codec,
+                                                        max_batch_bytes)
         return r
 
     # -------------------------------------------------- one-sided + signal
@@ -411,6 +552,11 @@ class Endpoint(Link):
 
         Raises
         ------
+        ProtocolError
+            The peer sent a malformed region message or a key this side does not use:
+            one whose layout differs from this UCX's keys, whose owner's address is
+            malformed or names this process, or that maps memory directly (only keys of
+            registered memory are accepted from a connection).
         ClosedError, PeerFailure
         """
         recv_ns = self._check_connected()[1]
@@ -419,8 +565,13 @@ class Endpoint(Link):
         if type(res) is not tuple:
             res = await worker.complete(res)
         data = bytes(res[2])
+        if not _REGION.size < len(data) <= _MAX_REGION_MESSAGE:
+            raise self._refuse(f"the peer sent a region message of {len(data)} bytes")
         address, nbytes = _REGION.unpack_from(data)
-        return self.remote_memory(data[_REGION.size:], address, nbytes)
+        try:
+            return self.remote_memory(data[_REGION.size:], address, nbytes)
+        except ValueError as exc:
+            raise self._refuse(f"the peer sent an unusable region key: {exc}") from None
 
     async def put_signal(self, remote: Remote, buf: Any, offset: int = 0,
                          value: int = 0) -> None:
@@ -457,15 +608,21 @@ class Endpoint(Link):
 
         Raises
         ------
+        ProtocolError
+            The peer sent a notification of another size than a signal's (nothing
+            truncated or padded is handed over).
         ClosedError, PeerFailure
         """
         recv_ns = self._check_connected()[1]
         worker = self._worker
         buf = bytearray(_SIGNAL.size)
-        res: Any = worker.recv_into(worker.recv_ptr(buf), (recv_ns << 32) | _SIGNAL_TAG,
-                                    FULL_MASK, self._peers)
+        res: Any = worker.recv_posted(worker.recv_ptr(buf), (recv_ns << 32) | _SIGNAL_TAG,
+                                      FULL_MASK, self._peers)
         if type(res) is not tuple:
             res = await worker.complete(res)
+        if res[1] != _SIGNAL.size:
+            raise self._refuse(f"the peer sent a signal of {res[1]} bytes (a signal has "
+                               f"{_SIGNAL.size})")
         return Signal(*_SIGNAL.unpack(buf))
 
     def abort(self) -> None:
@@ -480,14 +637,38 @@ class Endpoint(Link):
         if self.peer is not None and not self._worker.closed:
             self._worker.fail_peer(self.peer, ClosedError("the endpoint was closed"),
                                    grace=0.0)
-        if self._data is not None:
-            _ucx.close_endpoint(self._data, peer_dead=dead)
         _ucx.close_endpoint(self._ep, peer_dead=dead)
         self._worker.forget(self)
-        # Release the UCX endpoint, then what it kept alive (in this order: a listener
-        # goes, and its port closes, once no endpoint it accepted is left).
-        self._ep = self._data = None
-        self._keep = None
+        self._ep = None
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        if self._recv_ns is not None and not self._worker.closed:
+            self._drain(self._recv_ns, 0)
+
+    def _drain(self, ns: int, quiet: int) -> None:
+        """Receive and drop what the peer sent on this finished connection that nobody
+        received (UCX keeps unexpected messages until they are received: a client that
+        flooded a tag nobody reads held that memory for good). Again after
+        ``_DRAIN_AGAIN_S[quiet]`` (messages in flight at close); as long as messages
+        keep coming (a peer that goes on sending), every ``_DRAIN_AGAIN_S[0]``."""
+        worker = self._worker
+        if worker.closed:
+            return
+        dropped = worker.drain_namespace(ns)
+        if dropped:
+            log.debug("connection %s: dropped %d unreceived messages", self._label(),
+                      dropped)
+            quiet = 0
+        if quiet < len(_DRAIN_AGAIN_S):
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # (closed at interpreter exit: nothing comes any more)
+                return
+            loop.call_later(_DRAIN_AGAIN_S[quiet], self._drain, ns, quiet + 1)
 
     async def close(self, timeout: float = 1.0) -> None:
         """Let sends in flight on this endpoint finish (at most ``timeout`` seconds),

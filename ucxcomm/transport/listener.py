@@ -1,47 +1,91 @@
 """``listen``/``connect``: endpoints without ranks, for client/server pipelines.
 
-A connection is a UCX endpoint created from a socket address (UCX's listener/connect,
-with UCX peer error handling on). Right after it is established both sides exchange, over
-the UCX stream API, the 32-bit namespace under which they receive, an identity of their
-host (boot id and network/IPC namespaces) and their worker address; tags on the
-connection are then ``namespace << 32 | user tag``, so connections sharing a worker never
-match each other's messages. When the peer goes away, UCX closes the endpoint and its
-pending operations fail with :class:`~ucxcomm.PeerFailure`.
+A connection starts as a TCP connection to the listener's socket (ours, not UCX's: UCX's
+socket listener parses whatever a client sends, leaked a descriptor per garbage
+connection and kept silent ones open for good). On it, in fixed-size frames:
 
-Peers on the same host (same identity) then send their messages through a second
-endpoint created from the peer's worker address, without UCX error handling: UCX keeps
-endpoints with error handling on TCP, while this one uses shared memory and CMA (DESIGN:
-failure detection must not cost shared memory). The socket-address endpoint stays open
-for failure detection. A tag message each way over the new path finishes its wire-up
-before the connection is handed out (UCX aborts a process whose peer dies while an
-endpoint is still being set up, see rma.RemoteMemory.wireup).
+1. **Challenge-response** (when the listener has a ``token``): both sides send a random
+   nonce; each proves it holds the shared secret with an HMAC-SHA256 of both nonces
+   (different labels per direction, compared in constant time; the secret never
+   travels). A wrong or missing token ends the connection on both sides
+   (:class:`~ucxcomm.AuthenticationError` for the client, one log line for the
+   listener, whose handler never runs).
+2. **Hello**: each side's receive namespace (the upper 32 bits of every tag it
+   receives on this connection), host identity and UCX worker address; with a token
+   each hello carries an HMAC under a key bound to this session's nonces.
+3. Each side checks the other's worker address (:mod:`ucxcomm.transport.wire`) and
+   creates a UCX endpoint to it: without UCX error handling when both processes share
+   a host (shared memory and CMA; DESIGN: failure detection must not cost shared
+   memory), with it otherwise. One tag message each way over it finishes UCX's wire-up
+   before the connection is handed out (UCX aborts a process whose peer dies while an
+   endpoint is still being set up).
+
+The TCP connection then stays open, silent, as the connection's liveness watch: when
+it ends (the peer closed, died, or its host fell off the network: keepalive probes,
+``UCXCOMM_LIVENESS_S``), every pending and later operation on the connection fails
+with :class:`~ucxcomm.PeerFailure`.
+
+Before the handshake completes nothing from the connection is unpickled or parsed beyond
+fixed-size frames and a hello of at most :data:`MAX_HELLO` bytes; at most
+:data:`MAX_PENDING` connections may be in their handshake at once (more are closed at
+once), each for at most the listener's ``timeout``; those that fail are dropped quietly
+(one log line, at most one a second, for a wrong token).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import hashlib
+import hmac
+import ipaddress
 import itertools
 import logging
 import os
+import secrets
+import socket
 import struct
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..errors import ClosedError, CommTimeoutError, PeerFailure, UcxCommError
-from . import _ucx
+from ..errors import (
+    AuthenticationError,
+    ClosedError,
+    CommTimeoutError,
+    PeerFailure,
+    ProtocolError,
+    UcxCommError,
+)
 from .base import FULL_MASK
 from .endpoint import _HELLO_TAG, Endpoint
 from .worker import Worker
 
-__all__ = ["Listener", "connect", "default_worker", "listen"]
+__all__ = ["MAX_HELLO", "MAX_PENDING", "Listener", "connect", "default_worker",
+           "host_identity", "listen"]
 
 log = logging.getLogger(__name__)
 
-_HELLO = struct.Struct("<IHH")  # namespace, host identity length, worker address length
 _workers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Worker] = \
     weakref.WeakKeyDictionary()
 _conn_ids = itertools.count(1)
+
+#: Connections a listener lets be in their handshake at once; more are closed at once.
+MAX_PENDING = 64
+#: Largest hello (host identity and worker address) either side accepts.
+MAX_HELLO = 1 << 16
+_MAGIC = b"UCXc"
+_VERSION = 1
+_NONCE = 32
+_MAC = 32
+_F_TOKEN = 1  # opening flag: this side authenticates with a token
+# client -> listener: magic, version, flags, nonce
+_OPEN = struct.Struct(f"<4sBB2x{_NONCE}s")
+# listener -> client: magic, version, flags, nonce, proof (zeros without a token)
+_ANSWER = struct.Struct(f"<4sBB2x{_NONCE}s{_MAC}s")
+_VERDICT_OK, _VERDICT_BAD = b"\x00", b"\x01"
+_HELLO_HEAD = struct.Struct("<IIHI")  # length of the rest, namespace, identity, address
 
 
 def default_worker() -> Worker:
@@ -54,15 +98,40 @@ def default_worker() -> Worker:
     return worker
 
 
-def _check_args(port: Any, timeout: Any, lowest: int, what: str) -> None:
-    """Bad ``port``/``timeout`` arguments raise at the call, before any I/O."""
-    if isinstance(port, bool) or not isinstance(port, int) or not lowest <= port <= 65535:
-        raise ValueError(f"{what}: port must be an int in [{lowest}, 65535], got {port!r}")
+def _check_timeout(timeout: Any, what: str) -> None:
     if timeout is not None and (isinstance(timeout, bool)
                                 or not isinstance(timeout, (int, float))
                                 or not 0 < timeout < float("inf")):
         raise ValueError(f"{what}: timeout must be a number of seconds > 0 or None, got "
                          f"{timeout!r}")
+
+
+def _check_port(port: Any, lowest: int, what: str) -> None:
+    if isinstance(port, bool) or not isinstance(port, int) or not lowest <= port <= 65535:
+        raise ValueError(f"{what}: port must be an int in [{lowest}, 65535], got {port!r}")
+
+
+def _check_token(token: Any, what: str) -> bytes | None:
+    """The token as bytes (None: no token)."""
+    if token is None:
+        return None
+    if isinstance(token, str):
+        token = token.encode()
+    if not isinstance(token, (bytes, bytearray)) or not token:
+        raise ValueError(f"{what}: token must be a non-empty str or bytes, got "
+                         f"{type(token).__name__}")
+    return bytes(token)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only: ``localhost`` or a loopback address
+    (``127.0.0.0/8``, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def host_identity() -> bytes:
@@ -87,104 +156,162 @@ def _new_namespace(worker: Worker) -> int:
             return ns
 
 
-async def _handshake(worker: Worker, ucx_ep: Any, timeout: float | None,
-                     keep: Any = None) -> Endpoint:
-    label = ("connection", next(_conn_ids))
-    ep = worker.adopt(ucx_ep, label)
-    ep._keep = keep
+class _Session:
+    """One side's view of a handshake: nonces and, with a token, the keys."""
 
-    def closed_by_peer() -> None:
-        if not ep.closed:
-            log.info("connection %s closed by its peer", label[1])
-            worker.fail_peer(label, PeerFailure("the connection was closed by its peer",
-                                                peer=None))
+    def __init__(self, token: bytes | None, client_nonce: bytes, server_nonce: bytes):
+        self.token = token
+        self.nonces = client_nonce + server_nonce
+        self.key = None if token is None else \
+            hmac.new(token, b"ucxcomm session" + self.nonces, hashlib.sha256).digest()
 
-    ucx_ep.set_close_callback(closed_by_peer)
-    mine = _new_namespace(worker)
-    host, address = host_identity(), worker.address
-    hello = _HELLO.pack(mine, len(host), len(address)) + host + address
-    head = bytearray(_HELLO.size)
-    peers = frozenset((label,))
+    def proof(self, side: bytes) -> bytes:
+        """What ``side`` (b"listener" or b"client") sends to prove it holds the token."""
+        assert self.token is not None
+        return hmac.new(self.token, b"ucxcomm proof " + side + self.nonces,
+                        hashlib.sha256).digest()
 
-    async def both(*futs: Any) -> None:
-        pending = [f for f in futs if f is not None]
-        worker.wake()
-        results = await asyncio.gather(*pending, return_exceptions=True)
-        for res in results:
-            if isinstance(res, BaseException):
-                raise res
+    def mac(self, side: bytes, body: bytes) -> bytes:
+        if self.key is None:
+            return b""
+        return hmac.new(self.key, side + body, hashlib.sha256).digest()
 
-    sent: asyncio.Future | None = None
+
+class _Hello:
+    __slots__ = ("address", "identity", "namespace")
+
+    def __init__(self, namespace: int, identity: bytes, address: bytes) -> None:
+        self.namespace, self.identity, self.address = namespace, identity, address
+
+
+def _pack_hello(session: _Session, side: bytes, hello: _Hello) -> bytes:
+    rest = struct.pack("<IHI", hello.namespace, len(hello.identity), len(hello.address)) \
+        + hello.identity + hello.address
+    rest += session.mac(side, rest)
+    return struct.pack("<I", len(rest)) + rest
+
+
+async def _read_hello(reader: asyncio.StreamReader, session: _Session,
+                      side: bytes) -> _Hello:
+    """The peer's hello, checked (sizes, MAC) before anything in it is used.
+
+    Raises
+    ------
+    ProtocolError
+        Malformed or with a wrong MAC.
+    """
+    (n,) = struct.unpack("<I", await reader.readexactly(4))
+    mac_len = 0 if session.key is None else _MAC
+    fixed = struct.calcsize("<IHI")
+    if not fixed + mac_len <= n <= MAX_HELLO:
+        raise ProtocolError(f"a hello of {n} bytes")
+    rest = await reader.readexactly(n)
+    ns, hlen, alen = struct.unpack_from("<IHI", rest)
+    if fixed + hlen + alen + mac_len != n or not ns or ns > 0x7FFFFFFF:
+        raise ProtocolError(f"a malformed hello (namespace {ns:#x}, {hlen} + {alen} "
+                            f"bytes in {n})")
+    body, mac = rest[:n - mac_len], rest[n - mac_len:]
+    if mac_len and not hmac.compare_digest(mac, session.mac(side, body)):
+        raise ProtocolError("a hello whose MAC is wrong (tampered with on the way?)")
+    return _Hello(ns, body[fixed:fixed + hlen], body[fixed + hlen:])
+
+
+class _RateLimited:
+    """A log line at most once per ``interval`` seconds (the rest counted)."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval, self.last, self.skipped = interval, 0.0, 0
+
+    def __call__(self, level: int, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self.last < self.interval:
+            self.skipped += 1
+            return
+        if self.skipped:
+            msg += f" ({self.skipped} more like it not logged)"
+            self.skipped = 0
+        self.last = now
+        log.log(level, msg, *args)
+
+
+_auth_log = _RateLimited()
+
+
+async def _establish(worker: Worker, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter, session: _Session, *, listener: bool,
+                     trusted: bool) -> Endpoint:
+    """Hellos, worker-address checks, the UCX endpoint and its wire-up check: the
+    connected :class:`Endpoint` (the caller bounds the time)."""
+    mine, theirs = (b"listener", b"client") if listener else (b"client", b"listener")
+    ns = _new_namespace(worker)  # (never reused, even if this handshake fails)
+    own = _Hello(ns, host_identity(), worker.address)
+    if not listener:  # the client speaks first; the listener answers a good hello
+        writer.write(_pack_hello(session, mine, own))
+    peer = await _read_hello(reader, session, theirs)
     try:
-        async with asyncio.timeout(timeout):
-            sent = worker.stream_send(ep._handle, worker.send_ptr(hello), peers)
-            await both(worker.stream_recv(ep._handle, worker.recv_ptr(head), peers))
-            theirs, hlen, alen = _HELLO.unpack(head)
-            rest = bytearray(hlen + alen)
-            await both(sent, worker.stream_recv(ep._handle, worker.recv_ptr(rest), peers))
-            if host and rest[:hlen] == host:
-                try:
-                    ep.use_data_path(worker.raw_endpoint(bytes(rest[hlen:])))
-                except UcxCommError as exc:  # keep the first endpoint
-                    log.info("connection %s: no direct path on this host (%s)", label[1],
-                             exc)
-            # One message each way on the path that will carry the traffic.
-            check = bytearray(1)
-            got: Any = worker.recv_into(worker.recv_ptr(check), (mine << 32) | _HELLO_TAG,
-                                        FULL_MASK, peers)
-            await both(ep.isend(b"\x01", (theirs << 32) | _HELLO_TAG),
-                       got if type(got) is not tuple else None)
-    except TimeoutError:
-        _forget(sent)
-        ep.abort()
-        raise CommTimeoutError(f"connection handshake took longer than {timeout:g} s") \
-            from None
+        worker.check_peer_address(peer.address)
+    except ValueError as exc:
+        raise ProtocolError(f"the peer's UCX worker address is unusable: {exc}"
+                            ) from None
+    if listener:
+        writer.write(_pack_hello(session, mine, own))
+    same_host = bool(own.identity) and peer.identity == own.identity
+    label = ("connection", next(_conn_ids))
+    ucx_ep = worker.raw_endpoint(peer.address, error_handling=not same_host)
+    ep = worker.adopt(ucx_ep, label)
+    ep._connected(ns, peer.namespace, trusted, reader, writer)
+    try:
+        # One message each way on the path that will carry the traffic.
+        check = bytearray(1)
+        got: Any = worker.recv_into(worker.recv_ptr(check), (ns << 32) | _HELLO_TAG,
+                                    FULL_MASK, ep._peers)
+        sent = ep.isend(b"\x01", (peer.namespace << 32) | _HELLO_TAG)
+        pending = [f for f in (sent, got if type(got) is not tuple else None)
+                   if f is not None]
+        if pending:
+            worker.wake()
+            results = await asyncio.gather(*pending, return_exceptions=True)
+            for res in results:
+                if isinstance(res, BaseException):
+                    raise res
     except BaseException:
-        _forget(sent)
         ep.abort()
         raise
-    ep._recv_ns, ep._send_ns = mine, theirs
     return ep
-
-
-def _forget(fut: asyncio.Future | None) -> None:
-    """The handshake failed before awaiting ``fut`` (our hello, which fails too once
-    the connection is refused): its outcome is known from the failure that ended the
-    handshake, so retrieve it, now or when it ends (no "Future exception was never
-    retrieved")."""
-    if fut is None:
-        return
-    if fut.done():
-        if not fut.cancelled():
-            fut.exception()
-    else:
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 class Listener:
     """Accepts connections and runs ``handler(endpoint)`` for each, as a task.
 
     Use :func:`listen` to create one. ``port`` is the bound port; ``await close()``
-    (or leaving ``async with``) stops accepting: established connections stay open.
-    The port is released once the listener is closed and no connection it accepted is
-    open any more (UCX keeps a listener while endpoints it accepted exist); until then
-    new connection attempts are turned away at once.
+    (or leaving ``async with``) stops accepting and releases the port at once:
+    established connections stay open.
     """
 
     def __init__(self, worker: Worker, handler: Callable[[Endpoint], Awaitable[Any]],
-                 port: int, timeout: float | None) -> None:
+                 token: bytes | None, timeout: float | None) -> None:
         self._worker = worker
         self._handler = handler
+        self._token = token
         self._timeout = timeout
         self._tasks: set[asyncio.Task] = set()
+        self._pending = 0
         self._closed = False
-        self._ucx = worker.listen(port, self._on_connection)
-        # UCX keeps the listener (and calls back into it) while an endpoint it accepted
-        # exists: each accepted endpoint keeps it alive; after close() this weak
-        # reference still reaches it to turn late connection requests away.
-        self._ucx_ref = weakref.ref(self._ucx)
-        self._port, self._ip = int(self._ucx.port), str(self._ucx.ip)
-        worker.wake()
+        self._server: asyncio.base_events.Server | None = None
+        self._port = 0
+        self._ip = ""
+
+    async def _start(self, host: str, port: int) -> Listener:
+        try:
+            self._server = await asyncio.start_server(self._on_client, host, port,
+                                                      reuse_address=True, backlog=128)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UcxCommError(f"port {port} is in use on {host}") from None
+            raise UcxCommError(f"cannot listen on {host}:{port}: {exc}") from None
+        sockname = self._server.sockets[0].getsockname()
+        self._ip, self._port = str(sockname[0]), int(sockname[1])
+        return self
 
     @property
     def port(self) -> int:
@@ -193,46 +320,99 @@ class Listener:
 
     @property
     def ip(self) -> str:
+        """The bound address."""
         return self._ip
 
-    def _on_connection(self, conn_request: int) -> None:
-        # Runs inside ucp_worker_progress: only schedule work here.
-        task = asyncio.get_running_loop().create_task(self._accept(conn_request))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
-    async def _accept(self, conn_request: int) -> None:
-        listener = self._ucx_ref()
-        if listener is None:  # pragma: no cover - UCX released it meanwhile
+    async def _on_client(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        if self._closed or self._pending >= MAX_PENDING:
+            log.debug("listener: turned %s away (%s)", peer,
+                      "closed" if self._closed else "too many handshakes")
+            writer.close()
             return
-        if self._closed:
-            # Closed, but endpoints it accepted keep UCX's listener (and its port) alive:
-            # turn the request away at once, so the client fails instead of waiting.
-            try:
-                _ucx.close_endpoint(_ucx.endpoint_from_conn_request(listener,
-                                                                    conn_request))
-            except Exception:  # pragma: no cover - the client gave up meanwhile
-                log.debug("listener: turning a connection away failed", exc_info=True)
-            return
+        self._pending += 1
+        ep = None
         try:
-            ucx_ep = _ucx.endpoint_from_conn_request(listener, conn_request)
-            ep = await _handshake(self._worker, ucx_ep, self._timeout, keep=listener)
-        except Exception:
-            log.exception("listener: accepting a connection failed")
+            async with asyncio.timeout(self._timeout):
+                ep = await self._accept(reader, writer, peer)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            log.debug("listener: dropped %s during its handshake (%s)", peer,
+                      type(exc).__name__)
+        except AuthenticationError as exc:
+            _auth_log(logging.WARNING, "listener on port %d: refused a client from %s: %s",
+                      self._port, peer, exc)
+        except (ProtocolError, PeerFailure, UcxCommError) as exc:
+            _auth_log(logging.INFO, "listener on port %d: dropped a client from %s: %s",
+                      self._port, peer, exc)
+        except asyncio.CancelledError:
+            # The process is shutting down (asyncio.run cancels what is left): close
+            # quietly (Python 3.11's stream server logs a traceback for a re-raise).
+            pass
+        finally:
+            self._pending -= 1
+            if ep is None:
+                writer.close()
+        if ep is None:
             return
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
         try:
             await self._handler(ep)
+        except asyncio.CancelledError:
+            pass
         except Exception:
             log.exception("listener: the connection handler raised")
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      peer: Any) -> Endpoint:
+        magic, version, flags, client_nonce = _OPEN.unpack(
+            await reader.readexactly(_OPEN.size))
+        if magic != _MAGIC or version != _VERSION:
+            raise ProtocolError("not a ucxcomm client")
+        token = self._token
+        server_nonce = secrets.token_bytes(_NONCE)
+        session = _Session(token, client_nonce, server_nonce)
+        proof = session.proof(b"listener") if token is not None else bytes(_MAC)
+        writer.write(_ANSWER.pack(_MAGIC, _VERSION, _F_TOKEN if token else 0,
+                                  server_nonce, proof))
+        if token is not None:
+            if not flags & _F_TOKEN:
+                raise AuthenticationError("the client has no token")
+            try:
+                theirs = await reader.readexactly(_MAC)
+            except asyncio.IncompleteReadError:
+                raise AuthenticationError("the client left during the challenge (its "
+                                          "token differs from ours?)") from None
+            if not hmac.compare_digest(theirs, session.proof(b"client")):
+                writer.write(_VERDICT_BAD)
+                raise AuthenticationError("wrong token")
+            writer.write(_VERDICT_OK)
+        elif flags & _F_TOKEN:
+            raise AuthenticationError("the client has a token and this listener none "
+                                      "(the client refuses it)")
+        return await _establish(self._worker, reader, writer, session, listener=True,
+                                trusted=token is not None)
 
     def abort(self) -> None:
-        """Stop accepting new connections at once (idempotent)."""
+        """Stop accepting new connections at once (idempotent); the port is released."""
+        if self._closed:
+            return
         self._closed = True
-        self._ucx = None
+        if self._server is not None:
+            self._server.close()
 
     async def close(self) -> None:
-        """Stop accepting new connections (idempotent); connections being accepted
-        finish their handshake."""
+        """Stop accepting new connections (idempotent); connections in their handshake
+        finish it."""
         self.abort()
 
     async def __aenter__(self) -> Listener:
@@ -243,36 +423,78 @@ class Listener:
 
 
 async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *,
-                 worker: Worker | None = None, timeout: float | None = 30.0) -> Listener:
-    """Accept connections on ``port`` (0: any free port, see ``listener.port``).
+                 host: str = "127.0.0.1", token: str | bytes | None = None,
+                 insecure: bool = False, worker: Worker | None = None,
+                 timeout: float | None = 10.0) -> Listener:
+    """Accept connections on ``host:port`` (port 0: any free port, see
+    ``listener.port``).
 
-    ``handler(ep)`` is a coroutine function, run as a task for each new connection.
+    ``handler(ep)`` is a coroutine function, run as a task for each new connection once
+    its handshake succeeded.
+
+    Parameters
+    ----------
+    host : str
+        The address to bind: loopback by default. A listener reachable from other hosts
+        (``"0.0.0.0"``, ``"::"``, an interface's address or name) needs ``token=`` or
+        ``insecure=True``.
+    token : str or bytes, optional
+        A secret shared with the clients: each connection starts with a mutual
+        challenge-response (HMAC-SHA256), and only clients holding it get to the handler.
+        Objects on authenticated connections use pickle by default.
+    insecure : bool
+        Allow a listener beyond loopback without a token (anyone who reaches the port can
+        connect; objects then use the safe codec by default).
+    timeout : float or None
+        The most a connection's handshake may take (default 10 s); at most
+        :data:`MAX_PENDING` handshakes run at once.
 
     Raises
     ------
     ValueError
-        ``port`` is not in [0, 65535], or a bad ``timeout`` (the handshake's deadline).
+        Bad ``port``, ``timeout`` or ``token``; a non-loopback ``host`` without
+        ``token`` or ``insecure=True`` (before anything binds).
+    TypeError
+        ``host`` is not a non-empty string.
     UcxCommError
-        The port cannot be bound.
+        The port cannot be bound ("port P is in use").
     """
-    _check_args(port, timeout, 0, "listen")
-    return Listener(worker or default_worker(), handler, port, timeout)
+    if not isinstance(host, str) or not host:
+        raise TypeError(f"listen: host must be a non-empty str, got {host!r}")
+    _check_port(port, 0, "listen")
+    _check_timeout(timeout, "listen")
+    secret = _check_token(token, "listen")
+    if secret is None and not insecure and not is_loopback(host):
+        raise ValueError(f"listen: host={host!r} is reachable from other hosts; pass "
+                         "token= (a secret the clients share) or insecure=True to accept "
+                         "anyone who can reach the port")
+    listener = Listener(worker or default_worker(), handler, secret, timeout)
+    # ("localhost" would bind 127.0.0.1 and ::1, on two different ports when port=0)
+    return await listener._start("127.0.0.1" if host == "localhost" else host, port)
 
 
-async def connect(host: str, port: int, *, worker: Worker | None = None,
-                  timeout: float | None = 30.0) -> Endpoint:
+async def connect(host: str, port: int, *, token: str | bytes | None = None,
+                  worker: Worker | None = None, timeout: float | None = 30.0) -> Endpoint:
     """Connect to a :func:`listen`-ing peer at ``host:port``.
+
+    With ``token``, both sides prove they hold it before anything else is exchanged;
+    without, the listener must have none either.
 
     Raises
     ------
     TypeError, ValueError
-        ``host`` is not a non-empty string, ``port`` not in [1, 65535], or a bad
-        ``timeout`` (before any I/O).
+        ``host`` is not a non-empty string, ``port`` not in [1, 65535], a bad
+        ``timeout`` or ``token`` (before any I/O).
+    AuthenticationError
+        The listener wants a token and ours is missing or different, or we have a token
+        and the listener none.
     CommTimeoutError
         Not established within ``timeout`` seconds.
     PeerFailure
         Nothing accepted the connection (refused: nobody listens there, or a listener
-        that was closed), or the host is unreachable.
+        that was closed), the host is unreachable, or the listener dropped us.
+    ProtocolError
+        The listener answered with something that is not our protocol.
     UcxCommError
         ``host`` is not a valid address or resolvable name.
     ClosedError
@@ -280,14 +502,71 @@ async def connect(host: str, port: int, *, worker: Worker | None = None,
     """
     if not isinstance(host, str) or not host:
         raise TypeError(f"connect: host must be a non-empty str, got {host!r}")
-    _check_args(port, timeout, 1, "connect")
+    _check_port(port, 1, "connect")
+    _check_timeout(timeout, "connect")
+    secret = _check_token(token, "connect")
     worker = worker or default_worker()
     if worker.closed:
         raise ClosedError("the worker is closed")
-    ucx_ep = worker.connect_sockaddr(host, port)
+    writer = None
+    ep = None
     try:
-        return await _handshake(worker, ucx_ep, timeout)
-    except PeerFailure as exc:
-        reason = str(exc.__cause__ or exc)
-        raise PeerFailure(f"cannot connect to {host}:{port}: refused or unreachable "
-                          f"(nothing listening there?): {reason}") from exc
+        async with asyncio.timeout(timeout):
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+            except socket.gaierror as exc:
+                raise UcxCommError(f"cannot connect to {host}:{port}: {host!r} is not a "
+                                   f"valid address or resolvable name ({exc})") from None
+            except OSError as exc:
+                raise PeerFailure(f"cannot connect to {host}:{port}: refused or "
+                                  f"unreachable (nothing listening there?): {exc}") from None
+            ep = await _client_handshake(worker, reader, writer, secret, host, port)
+    except TimeoutError:
+        raise CommTimeoutError(f"connecting to {host}:{port} took longer than "
+                               f"{timeout:g} s") from None
+    except asyncio.IncompleteReadError:
+        raise PeerFailure(f"the listener at {host}:{port} closed the connection during "
+                          "the handshake") from None
+    except ConnectionError as exc:
+        raise PeerFailure(f"the connection to {host}:{port} broke during the handshake: "
+                          f"{exc}") from None
+    finally:
+        if ep is None and writer is not None:
+            writer.close()
+    return ep
+
+
+async def _client_handshake(worker: Worker, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter, secret: bytes | None, host: str,
+                            port: int) -> Endpoint:
+    where = f"{host}:{port}"
+    client_nonce = secrets.token_bytes(_NONCE)
+    writer.write(_OPEN.pack(_MAGIC, _VERSION, _F_TOKEN if secret else 0, client_nonce))
+    magic, version, flags, server_nonce, proof = _ANSWER.unpack(
+        await reader.readexactly(_ANSWER.size))
+    if magic != _MAGIC:
+        raise ProtocolError(f"{where} is not a ucxcomm listener")
+    if version != _VERSION:
+        raise ProtocolError(f"the listener at {where} speaks version {version}, we "
+                            f"{_VERSION}")
+    session = _Session(secret, client_nonce, server_nonce)
+    if flags & _F_TOKEN and secret is None:
+        raise AuthenticationError(f"the listener at {where} requires a token (pass "
+                                  "token=)")
+    if secret is not None:
+        if not flags & _F_TOKEN:
+            raise AuthenticationError(f"the listener at {where} has no token: it does not "
+                                      "authenticate (connect without token= to accept "
+                                      "that)")
+        if not hmac.compare_digest(proof, session.proof(b"listener")):
+            raise AuthenticationError(f"the listener at {where} holds another token")
+        writer.write(session.proof(b"client"))
+        try:
+            verdict = await reader.readexactly(1)
+        except asyncio.IncompleteReadError:
+            verdict = _VERDICT_BAD
+        if verdict != _VERDICT_OK:
+            raise AuthenticationError(f"the listener at {where} refused our token")
+    return await _establish(worker, reader, writer, session, listener=False,
+                            trusted=secret is not None)
+

@@ -30,6 +30,7 @@ import asyncio
 import atexit
 import ctypes
 import logging
+import os
 import struct
 import time
 import weakref
@@ -44,6 +45,7 @@ from ..errors import ClosedError, UnsupportedError, WindowError
 from . import _ucx
 from .base import Region, Remote
 from .progress import Progress
+from .wire import check_address, check_rkey_layout
 
 __all__ = ["MemoryRegion", "RemoteMemory", "RmaEngine", "RmaEngines"]
 
@@ -130,6 +132,7 @@ class RmaEngine:
             raise _ucx.status_error(st, what="RMA worker address")
         self.address: bytes = address
         self._fd = ucp.rma_notify_fd(handle)
+        self._template: bytes | None = None
         self._eps: dict[bytes, int] = {}
         self._regions: list[MemoryRegion] = []
         self._rkeys: set[int] = set()  # unpacked remote keys not yet destroyed
@@ -159,6 +162,25 @@ class RmaEngine:
     def check(self) -> None:
         if self.closed:
             raise ClosedError("the RMA engine is closed")
+
+    def template_key(self) -> bytes:
+        """A UCX key this engine packs for registered host memory (cached): the layout
+        a peer's key for registered memory must have (``wire.check_rkey_layout``)."""
+        self.check()
+        if self._template is None:
+            ucp = self._ucp
+            buf = np.zeros(64, np.uint8)
+            st, memh = ucp.rma_mem_map(self.handle, buf.ctypes.data, buf.nbytes)
+            if st != 0:
+                raise _ucx.status_error(st, what="memory registration")
+            try:
+                st, packed = ucp.rma_rkey_pack(self.handle, memh)
+                if st != 0:
+                    raise _ucx.status_error(st, what="rkey pack")
+            finally:
+                ucp.rma_mem_unmap(self.handle, memh)
+            self._template = bytes(packed)
+        return self._template
 
     # ------------------------------------------------------------ requests
     async def finish(self, outcome: Any, peer: Any = None) -> Any:
@@ -299,9 +321,21 @@ class RmaEngines:
     def allocate(self, nbytes: int) -> MemoryRegion:
         return MemoryRegion(self, None, nbytes)
 
-    def remote(self, rkey: bytes, address: int, nbytes: int,
-               peer: Any = None) -> RemoteMemory:
-        return RemoteMemory(self, rkey, address, nbytes, peer)
+    def remote(self, rkey: bytes, address: int, nbytes: int, peer: Any = None,
+               strict: bool = False, ours: tuple[bytes, ...] = ()) -> RemoteMemory:
+        return RemoteMemory(self, rkey, address, nbytes, peer, strict, ours)
+
+    def addresses(self) -> list[bytes]:
+        """The addresses of the engines created so far."""
+        return [eng.address for eng in self._engines.values()]
+
+    def regions(self) -> list[MemoryRegion]:
+        """This process's regions (every local engine maps each)."""
+        found: dict[int, MemoryRegion] = {}
+        for eng in self._engines.values():
+            for region in eng._regions:
+                found[id(region)] = region
+        return list(found.values())
 
     def close(self) -> None:
         if self.closed:
@@ -420,20 +454,34 @@ class RemoteMemory(Remote):
     operation issued to this peer is complete at the target. ``peer`` (the owner's
     label, as in ``Worker.fail_peer``): once it is declared dead, operations waiting on
     its memory raise ``PeerFailure``.
+
+    ``strict`` (keys from a rank-less connection's peer): only the key's sections for
+    registered memory are used (UCX maps memory it allocated into this process, and
+    copies into that mapping at whatever address the key names: a false one wrote into
+    this process's own memory), each with the layout of a key this UCX packs and an
+    owner address that is well formed and not one of ``ours`` (this process's UCX
+    addresses) unless the range lies inside a region of this process.
     """
 
     def __init__(self, engines: RmaEngines, rkey: bytes, address: int, nbytes: int,
-                 peer: Any = None) -> None:
+                 peer: Any = None, strict: bool = False, ours: tuple[bytes, ...] = ()
+                 ) -> None:
         self.peer = peer
         found = _parse_rkey(bytes(rkey))
+        if type(address) is not int or type(nbytes) is not int or address < 0 \
+                or nbytes < 0 or address + nbytes >= 1 << 64:
+            raise ValueError(f"a remote region of {nbytes!r} bytes at {address!r}")
+        if strict:
+            found = [sect for sect in found if not sect[1]]
+            self._check_strict(engines, found, address, nbytes, ours)
         self._targets: list[tuple[RmaEngine, int, int]] = []  # every unpacked key
         self.closed = False
         registered: dict[bool, tuple[RmaEngine, int, int]] = {}
         shared = None
         try:
-            for v1, allocated, peer, packed in found:
+            for v1, allocated, owner, packed in found:
                 eng = engines.engine(v1)
-                ep = eng.endpoint(peer)
+                ep = eng.endpoint(owner)
                 st, key = _ucx.ucp.rma_rkey_unpack(ep, packed)
                 if st != 0:
                     raise _ucx.status_error(st, what="rkey unpack")
@@ -472,6 +520,21 @@ class RemoteMemory(Remote):
         #: puts, gets and atomics act on the owner's memory directly (shared memory)
         self.direct: bool = shared is not None
         self.address, self.nbytes = int(address), int(nbytes)
+
+    @staticmethod
+    def _check_strict(engines: RmaEngines, found: list[tuple[bool, bool, bytes, bytes]],
+                      address: int, nbytes: int, ours: tuple[bytes, ...]) -> None:
+        """See the class docstring (``strict``). Raises ValueError."""
+        ours = (*ours, *engines.addresses())
+        for v1, _, owner, packed in found:
+            eng = engines.engine(v1)
+            ours = (*ours, eng.address)
+            is_self = check_address(owner, eng.address, ours, os.getpid())
+            check_rkey_layout(packed, eng.template_key())
+            if is_self and not any(r.address <= address and address + nbytes
+                                   <= r.address + r.nbytes for r in engines.regions()):
+                raise ValueError("a key for this process's own memory outside its "
+                                 "registered regions")
 
     def _check(self, offset: int, n: int, what: str) -> int:
         if self.closed or self._eng.closed or self._aeng.closed:

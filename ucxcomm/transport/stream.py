@@ -11,15 +11,23 @@ stream per ``(connection, direction, stream id)``):
   released, so neither side's memory grows with the stream's length, whatever the
   message sizes (UCX buffers small "eager" messages at the receiver, and over TCP at the
   sender too, with no bound of its own).
-* **header** then **data** (writer -> reader): a small pickled header (dtype, shape and
-  order of each array, and the user's ``meta``) followed by one message per array. The
-  reader receives headers as they come (from completion callbacks, see
-  :class:`StreamReader`), takes a buffer per array from its
+* **header** then **data** (writer -> reader): a small binary header (per array: dtype,
+  shape, memory order and size; then the user's ``meta`` in the stream's codec)
+  followed by one message per array. The reader receives headers as they come (from
+  completion callbacks, see :class:`StreamReader`), takes a buffer per array from its
   :class:`~ucxcomm.transport.pool.BufferPool` and posts the data receives straight into
   them, so the next batches move while the consumer works on this one.
   UCX delivers messages of one tag from one sender in order, and the receives are posted
   in header order, so every array lands in its own batch's buffer. An empty header
   ends the stream.
+
+What the writer sends is checked before it is used: a header's arrays against
+:data:`MAX_ARRAYS` and the reader's ``max_batch_bytes`` (sizes consistent with dtype and
+shape, no object dtypes), every array's arriving size against its header, and the
+number of batches against the credits granted. A writer that breaks any of these gets
+its connection closed, and the reader a :class:`~ucxcomm.ProtocolError`: nothing short,
+stale or uninitialised is handed over, and a writer that ignores its credits cannot make
+the reader hold more than its window.
 """
 
 from __future__ import annotations
@@ -27,30 +35,120 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import pickle
 import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ClosedError
+from .._serialize import decode_dtype, dumps_small, encode_dtype, loads_small
+from ..errors import ClosedError, ProtocolError
 from .base import FULL_MASK
 from .pool import BufferPool
 
 if TYPE_CHECKING:
     from .endpoint import Endpoint
 
-__all__ = ["DEFAULT_WINDOW", "Batch", "StreamReader", "StreamWriter"]
+__all__ = ["DEFAULT_MAX_BATCH_BYTES", "DEFAULT_WINDOW", "MAX_ARRAYS", "Batch",
+           "StreamReader", "StreamWriter"]
 
 log = logging.getLogger(__name__)
 
 #: Batches a reader lets its writer have outstanding by default.
 DEFAULT_WINDOW = 8
+#: Most arrays in one batch.
+MAX_ARRAYS = 4096
+#: Most bytes one batch may announce, unless the reader says otherwise
+#: (``stream_reader(max_batch_bytes=)``).
+DEFAULT_MAX_BATCH_BYTES = 1 << 32
 _HEADER, _DATA, _CREDIT = 0, 1, 2  # message kinds of a stream
 _U32 = struct.Struct("<I")
 _END = b""
 _ENDED = object()  # queued at the end of the stream
+# Header: version, meta codec (0: no meta), number of arrays; per array its dtype
+# (encode_dtype), then ndim, order flag, shape (ndim x u64) and size; then the meta.
+_HEAD = struct.Struct("<BBI")
+_HEADER_VERSION = 1
+_META_CODECS = {"pickle": 1, "safe": 2}
+_CODEC_NAMES = {1: "pickle", 2: "safe"}
+_ARRAY = struct.Struct("<BB")
+_U64 = struct.Struct("<Q")
+
+
+def _pack_header(specs: list[tuple[Any, tuple[int, ...], bool, int]], meta: Any,
+                 codec: str) -> bytes:
+    """The header of a batch (``TypeError`` when a dtype or ``meta`` cannot travel)."""
+    parts = [b""]
+    for dtype, shape, fortran, nbytes in specs:
+        parts.append(encode_dtype(dtype) + _ARRAY.pack(len(shape), fortran)
+                     + struct.pack(f"<{len(shape)}Q", *shape) + _U64.pack(nbytes))
+    meta_codec = 0
+    if meta is not None:
+        try:
+            parts.append(dumps_small(meta, codec))
+        except TypeError as exc:
+            raise TypeError(f"meta cannot be sent with codec {codec!r}: {exc}") from None
+        meta_codec = _META_CODECS[codec]
+    parts[0] = _HEAD.pack(_HEADER_VERSION, meta_codec, len(specs))
+    return b"".join(parts)
+
+
+def _parse_header(data: Any, codec: str, max_bytes: int
+                  ) -> tuple[list[tuple[Any, tuple[int, ...], bool, int]], Any]:
+    """``(specs, meta)`` of a peer's header, every field checked.
+
+    Raises
+    ------
+    ProtocolError
+        Malformed, over the limits, or ``meta`` in another codec than ``codec``.
+    """
+    try:
+        data = memoryview(data).cast("B")
+        if len(data) < _HEAD.size:
+            raise ValueError(f"a header of {len(data)} bytes")
+        version, meta_codec, count = _HEAD.unpack_from(data)
+        if version != _HEADER_VERSION:
+            raise ValueError(f"header version {version}")
+        if count > MAX_ARRAYS:
+            raise ValueError(f"a batch of {count} arrays (at most {MAX_ARRAYS})")
+        pos, total, specs = _HEAD.size, 0, []
+        for _ in range(count):
+            dtype, pos = decode_dtype(data, pos)
+            if pos + _ARRAY.size > len(data):
+                raise ValueError("a truncated header")
+            ndim, fortran = _ARRAY.unpack_from(data, pos)
+            pos += _ARRAY.size
+            if ndim > 64 or fortran > 1 or pos + 8 * ndim + 8 > len(data):
+                raise ValueError(f"an array of {ndim} dimensions, order flag {fortran}")
+            shape = struct.unpack_from(f"<{ndim}Q", data, pos)
+            (nbytes,) = _U64.unpack_from(data, pos + 8 * ndim)
+            pos += 8 * ndim + 8
+            count_ = 1
+            for n in shape:
+                count_ *= n
+            if dtype.itemsize == 0 or count_ * dtype.itemsize != nbytes:
+                raise ValueError(f"a {dtype} array of shape {shape} in {nbytes} bytes")
+            total += nbytes
+            if total > max_bytes:
+                raise ValueError(f"a batch of more than {max_bytes} bytes (the reader's "
+                                 "max_batch_bytes)")
+            specs.append((dtype, shape, bool(fortran), nbytes))
+        if meta_codec == 0:
+            if pos != len(data):
+                raise ValueError("bytes after the arrays")
+            return specs, None
+        if _CODEC_NAMES.get(meta_codec) != codec:
+            raise ValueError(f"meta in codec {_CODEC_NAMES.get(meta_codec, meta_codec)!r}; "
+                             f"this reader accepts {codec!r}")
+    except ValueError as exc:
+        raise ProtocolError(f"the writer sent {exc}") from None
+    meta_bytes = data[pos:]
+    if codec == "pickle":
+        return specs, loads_small(meta_bytes, codec)
+    try:
+        return specs, loads_small(meta_bytes, codec)
+    except ValueError as exc:
+        raise ProtocolError(f"the writer sent {exc}") from None
 
 
 def _describe(obj: Any) -> tuple[Any, tuple[int, ...], bool]:
@@ -78,9 +176,10 @@ class StreamWriter:
     was granted.
     """
 
-    def __init__(self, ep: Endpoint, stream: int) -> None:
+    def __init__(self, ep: Endpoint, stream: int, codec: str) -> None:
         self._ep = ep
         self.stream = stream
+        self.codec = codec
         self._htag, self._dtag = ep._stream_tag(stream, _HEADER, send=True), \
             ep._stream_tag(stream, _DATA, send=True)
         self._ctag = ep._stream_tag(stream, _CREDIT, send=False)
@@ -136,7 +235,8 @@ class StreamWriter:
         Raises
         ------
         TypeError, ValueError
-            Not a contiguous buffer, or ``meta`` does not pickle (nothing is sent).
+            Not a contiguous buffer, more than ``MAX_ARRAYS`` arrays, an array of Python
+            objects, or a ``meta`` the codec cannot encode (nothing is sent).
         ClosedError
             The writer or the endpoint was closed.
         PeerFailure
@@ -146,20 +246,21 @@ class StreamWriter:
         ep = self._ep
         worker = ep._worker
         items = list(arrays) if isinstance(arrays, (list, tuple)) else [arrays]
+        if len(items) > MAX_ARRAYS:
+            raise ValueError(f"a batch holds at most {MAX_ARRAYS} arrays, got {len(items)}")
         targets = [worker.send_ptr(a) for a in items]  # validates before any I/O
         specs = []
         for a, t in zip(items, targets, strict=True):
             dtype, shape, fortran = _describe(a)
-            if shape == (-1,):
-                dtype, shape = np.dtype(np.uint8), (t[1],)
+            if shape == (-1,) or dtype.itemsize == 0 or dtype.hasobject:
+                if dtype.hasobject:
+                    raise TypeError("a stream does not carry arrays of Python objects")
+                dtype, shape, fortran = np.dtype(np.uint8), (t[1],), False
             specs.append((dtype, shape, fortran, t[1]))
         if meta is None and specs == self._last[0]:
-            header = self._last[1]  # (pickling dtypes costs ~15 us a batch)
+            header = self._last[1]  # (encoding dtypes costs a few us a batch)
         else:
-            try:
-                header = pickle.dumps((specs, meta), protocol=5)
-            except Exception as exc:
-                raise TypeError(f"meta does not pickle: {exc}") from exc
+            header = _pack_header(specs, meta, self.codec)
             if meta is None:
                 self._last = (specs, header)
         await self._acquire()
@@ -254,12 +355,13 @@ class Batch:
 
 
 class _Pending:
-    """A batch whose header arrived and whose data receives are posted."""
+    """A batch whose header arrived and whose data receives are posted (``futs``: each
+    receive's result, or its future)."""
 
     __slots__ = ("bufs", "futs", "meta", "specs")
 
     def __init__(self, specs: list[Any], meta: Any, bufs: list[Any],
-                 futs: list[asyncio.Future]) -> None:
+                 futs: list[Any]) -> None:
         self.specs, self.meta, self.bufs, self.futs = specs, meta, bufs, futs
 
 
@@ -286,8 +388,12 @@ class StreamReader:
     the dtypes of each batch cost ~15 us.
     """
 
-    def __init__(self, ep: Endpoint, stream: int, window: int, pool: BufferPool) -> None:
+    def __init__(self, ep: Endpoint, stream: int, window: int, pool: BufferPool,
+                 codec: str = "safe", max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+                 ) -> None:
         self._ep = ep
+        self.codec = codec
+        self.max_batch_bytes = max_batch_bytes
         self._worker = ep._worker
         self._peers = ep._peers
         self.stream = stream
@@ -302,6 +408,8 @@ class StreamReader:
         self._held = 0  # batches handed to the consumer, not released
         self._owed = 0  # credits not yet sent back
         self._threshold = max(1, window // 2)
+        self._granted = 0  # credits sent to the writer so far
+        self._headers = 0  # batch headers received so far
         self._seq = 0
         self._closed = False
         self._ended = False  # the end of the stream (or an error) is queued
@@ -361,10 +469,15 @@ class StreamReader:
 
     def _take_header(self, res: Any) -> bool:
         """:meth:`_got_header`, or the stream fails with what it raised (a ``meta`` the
-        reader cannot unpickle, a pool out of memory): raised in a done callback, it was
-        only logged, and the consumer and the writer then waited forever."""
+        reader cannot decode, a pool out of memory): raised in a done callback, it was
+        only logged, and the consumer and the writer then waited forever. A protocol
+        violation also closes the connection (the writer cannot be trusted to send
+        what it announces any more)."""
         try:
             self._got_header(res)
+        except ProtocolError as exc:
+            self._fail(self._ep._refuse(f"stream {self.stream}: {exc}"))
+            return False
         except Exception as exc:
             self._fail(exc)
             return False
@@ -380,26 +493,32 @@ class StreamReader:
             self._ended = True
             self._push(_ENDED)
             return
+        self._headers += 1
+        if self._headers > self._granted:
+            raise ProtocolError(f"the writer sent batch {self._headers} with "
+                                f"{self._granted} credits (it ignores the window)")
+        data = bytes(data)  # (a large one arrives as a numpy array)
         last = self._last
         if data == last[0]:
             specs, meta = last[1]
         else:
-            specs, meta = pickle.loads(data)
-            self._last = (bytes(data), (specs, meta))
+            specs, meta = _parse_header(data, self.codec, self.max_batch_bytes)
+            self._last = (data, (specs, meta))
         worker, pool = self._worker, self.pool
         bufs = [pool.take(spec[3]) for spec in specs]
         futs = []
         for buf, spec in zip(bufs, specs, strict=True):
-            fut = worker.tag_recv(worker.recv_ptr(buf[:spec[3]]), self._dtag, FULL_MASK,
-                                  self._peers)
-            if fut is not None:
-                futs.append(fut)
+            # Posted to UCX, never probed: a longer message is consumed without being
+            # written (and without memory of its size); its size is checked on arrival.
+            futs.append(worker.recv_posted(worker.recv_ptr(buf[:spec[3]]), self._dtag,
+                                           FULL_MASK, self._peers))
         self._push(_Pending(specs, meta, bufs, futs))
 
     def _grant(self, n: int) -> None:
         ep = self._ep
         if ep.closed:
             return
+        self._granted += n
         fut = ep.isend(_U32.pack(n), self._ctag)
         if fut is not None:
             fut.add_done_callback(_quiet)
@@ -474,7 +593,7 @@ class StreamReader:
         if isinstance(item, BaseException):
             queue.appendleft(item)  # every later call fails the same way
             raise item
-        futs = item.futs
+        futs = [f for f in item.futs if type(f) is not tuple]
         if futs and not all(f.done() for f in futs):
             # Shielded: a consumer cancelled here gets this batch on its next call.
             waiter = asyncio.shield(futs[0] if len(futs) == 1 else asyncio.gather(*futs))
@@ -494,6 +613,16 @@ class StreamReader:
             if exc is not None:
                 for g in futs:
                     g.add_done_callback(_quiet)
+                raise exc
+        for i, (got, spec) in enumerate(zip(item.futs, item.specs, strict=True)):
+            nbytes = (got if type(got) is tuple else got.result())[1]
+            if nbytes != spec[3]:
+                exc = self._ep._refuse(f"stream {self.stream}: array {i} of batch "
+                                       f"{self._seq} has {nbytes} bytes where its header "
+                                       f"announced {spec[3]}")
+                self._fail(exc)
+                queue.clear()
+                queue.append(exc)
                 raise exc
         arrays = []
         for buf, (dtype, shape, fortran, nbytes) in zip(item.bufs, item.specs, strict=True):
@@ -519,6 +648,8 @@ class StreamReader:
         for item in self._queue:
             if isinstance(item, _Pending):
                 for f in item.futs:
+                    if type(f) is tuple:
+                        continue
                     f.add_done_callback(_quiet)
                     if not worker.closed:
                         worker.cancel(f)

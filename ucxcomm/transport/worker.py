@@ -27,13 +27,14 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from .. import settings
-from ..errors import ClosedError, PeerFailure
+from ..errors import ClosedError, PeerFailure, UcxCommError
 from . import _ucx
 from .base import FULL_MASK, Link, Peers, RecvResult, Region, Remote, Target, Transport
 from .config import Plan, check_lanes, policy_from, prepare, ucx_has_cuda
 from .endpoint import Endpoint
 from .progress import Progress
 from .rma import RmaEngines
+from .wire import check_address
 
 __all__ = ["Worker"]
 
@@ -79,8 +80,14 @@ PEER_GRACE_S = 0.05
 #: documented methods below, which say what each does): the hot paths cost one call
 #: into compiled code, not a Python frame plus one.
 _ENGINE_METHODS = ("send", "send_raw", "exchange", "send_ptr", "recv_ptr", "subtarget", "tag_recv",
-                   "recv_into", "irecv", "recv_alloc", "probe", "probe_wait", "cancel",
-                   "stream_send", "stream_recv", "pending", "poll")
+                   "recv_into", "recv_posted", "irecv", "recv_alloc", "probe", "probe_wait",
+                   "cancel", "pending", "poll")
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    """Retrieve an outcome nobody awaits (no 'exception was never retrieved')."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def spin_yield(env: Mapping[str, str] | None = None, cpu_max: str | None = None) -> bool:
@@ -184,6 +191,7 @@ class Worker(Transport):
         self._rma = RmaEngines(self.options, self._plan.rdma, self._progress, self._loop,
                                eng._dead)
         self.endpoints: list[Endpoint] = []
+        self._scratch = self._eng.recv_ptr(bytearray(1))  # what drain_namespace keeps
 
     # ------------------------------------------------------------------ info
     @property
@@ -240,35 +248,27 @@ class Worker(Transport):
         return self._rma.allocate(nbytes)
 
     def remote_memory(self, rkey: bytes, address: int, nbytes: int,
-                      peer: Any = None) -> Remote:
+                      peer: Any = None, *, strict: bool = False) -> Remote:
         """A peer's registered memory: a :class:`~ucxcomm.transport.rma.RemoteMemory`;
         ``peer`` labels its owner (as in :meth:`fail_peer`: once that peer is declared
-        dead, operations waiting on the memory raise ``PeerFailure``).
+        dead, operations waiting on the memory raise ``PeerFailure``). ``strict``: the
+        key comes from a peer we do not trust to be well-formed (see ``RemoteMemory``).
 
         Raises
         ------
         ValueError
-            ``rkey`` is not a ucxcomm remote key.
+            ``rkey`` is not a ucxcomm remote key (``strict``: or not one a peer could
+            have made for memory of its own).
         ClosedError
         """
         self._check_open()
-        return self._rma.remote(rkey, address, nbytes, peer)
+        return self._rma.remote(rkey, address, nbytes, peer, strict=strict,
+                                ours=(self.address,) if strict else ())
 
     # ------------------------------------------------------------ endpoints
-    def listen(self, port: int, callback: Callable[[Any], None]) -> Any:
-        """A UCX listener; ``callback(conn_request)`` runs during progress (see
-        :mod:`ucxcomm.transport.listener` for the public API)."""
-        self._check_open()
-        return _ucx.create_listener(self._worker, port, callback)
-
-    def connect_sockaddr(self, host: str, port: int) -> Any:
-        """A raw UCX endpoint to a listener at ``host:port`` (with UCX error handling)."""
-        self._check_open()
-        return _ucx.endpoint_from_host(self._worker, host, port)
-
-    def raw_endpoint(self, address: bytes) -> Any:
-        """A raw UCX endpoint to the worker at ``address``, without UCX peer error
-        handling (for :meth:`Endpoint.use_data_path`).
+    def raw_endpoint(self, address: bytes, *, error_handling: bool = False) -> Any:
+        """A raw UCX endpoint to the worker at ``address`` (for :meth:`adopt`), without
+        UCX peer error handling unless asked (it keeps UCX off shared memory).
 
         Raises
         ------
@@ -276,7 +276,47 @@ class Worker(Transport):
             UCX cannot reach that address. ClosedError.
         """
         self._check_open()
-        return _ucx.endpoint_from_address(self._worker, address)
+        return _ucx.endpoint_from_address(self._worker, address,
+                                          error_handling=error_handling)
+
+    def own_addresses(self) -> tuple[bytes, ...]:
+        """This process's UCX addresses that a peer could name: the worker's and its
+        RMA engines' (those created so far)."""
+        return (self.address, *self._rma.addresses())
+
+    def check_peer_address(self, address: bytes) -> bool:
+        """Check a worker address a peer sent before UCX parses it
+        (:func:`ucxcomm.transport.wire.check_address`, our address as the template);
+        True when it is this worker's own (a connection to ourselves).
+
+        Raises
+        ------
+        ValueError
+            Malformed, or unusable here.
+        """
+        return check_address(address, self.address, self.own_addresses(), os.getpid())
+
+    def drain_namespace(self, ns: int) -> int:
+        """Receive and drop every message already here whose tag's upper 32 bits are
+        ``ns`` (a closed connection's): UCX keeps unexpected messages until someone
+        receives them. Each is received into one byte and thereby discarded (UCX
+        consumes a larger message without copying it; a large one's sender is released
+        without its data moving). Returns how many."""
+        if self.closed:
+            return 0
+        tag, mask, scratch = ns << 32, 0xFFFFFFFF << 32, self._scratch
+        dropped = 0
+        while self._eng.probe(tag, mask) is not None:
+            try:
+                fut = self._eng.tag_recv(scratch, tag, mask, None)
+            except UcxCommError:  # (truncated at once: dropped)
+                fut = None
+            if fut is not None:  # (a large message's release, finishing later)
+                fut.add_done_callback(_retrieve)
+            dropped += 1
+        if dropped:
+            self._progress.kick()
+        return dropped
 
     def adopt(self, ucx_ep: Any, peer: Any) -> Endpoint:
         """An :class:`Endpoint` around a raw UCX endpoint of this worker."""
@@ -393,15 +433,13 @@ class Worker(Transport):
         completed at once. Sender and size are not reported."""
         return self._eng.tag_recv(target, tag, mask, peers)  # type: ignore[no-any-return]
 
-    def stream_send(self, ep_handle: int, target: Target,
-                    peers: Peers) -> asyncio.Future | None:
-        """Stream bytes to an endpoint (connection handshakes); None if done at once."""
-        return self._eng.stream_send(ep_handle, target, peers)  # type: ignore[no-any-return]
-
-    def stream_recv(self, ep_handle: int, target: Target,
-                    peers: Peers) -> asyncio.Future | None:
-        """Receive exactly ``len(target)`` stream bytes from an endpoint."""
-        return self._eng.stream_recv(ep_handle, target, peers)  # type: ignore[no-any-return]
+    def recv_posted(self, target: Target, tag: int, mask: int,
+                    peers: Peers) -> RecvResult | asyncio.Future:
+        """A receive posted straight to UCX, never probed: ``(sender_tag, nbytes,
+        capacity)`` or its future; a larger message is consumed without being written
+        or copied (``nbytes > capacity``). Only for tags no matched-probe receive waits
+        on at the same time (see ``_ucp.TagEngine.recv_posted``)."""
+        return self._eng.recv_posted(target, tag, mask, peers)  # type: ignore[no-any-return]
 
     def probe(self, tag: int, mask: int) -> tuple[int, int] | None:
         """Non-destructive probe: ``(sender_tag, nbytes)`` of the first match, or None."""
