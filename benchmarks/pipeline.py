@@ -17,8 +17,8 @@ flight at a time (``await ep.send`` per message, as a ucxx user writes it).
 
 Transports: raw ucxx endpoints from a listener have UCX peer error handling, which keeps
 UCX on TCP; ucxcomm connections between processes of one host carry their messages over
-a second endpoint from the peer's worker address (shared memory, CMA) and keep the
-socket-address endpoint for failure detection (docs/pipelines.md). ``--tcp`` sets
+an endpoint from the peer's worker address without it (shared memory, CMA) and watch the
+handshake's TCP connection for failure detection (docs/pipelines.md). ``--tcp`` sets
 ``UCX_TLS=tcp,self`` for everyone. Reported ratios: ucxcomm over the fastest ucxx
 progress mode and over asyncio, per size.
 """
