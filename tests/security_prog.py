@@ -17,13 +17,16 @@ Modes (what each connection's handler does):
 * ``region``: send the key of a 64 KiB region of its own, receive the peer's, then
   ``put_signal`` 4 KiB of 0xAB at offset 0 (and check its own region is untouched);
 * ``signal``: register 4 KiB, send its key, then receive signals until an error;
-* ``idle``: wait for a message on tag 1 that never comes (floods go elsewhere).
+* ``idle``: wait for a message on tag 1 that never comes (floods go elsewhere);
+* ``noclose``: receive one object and return without closing the endpoint (the docs'
+  shortest handler).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -34,6 +37,7 @@ import ucxcomm
 from ucxcomm.transport import listen
 
 calls = 0
+listener = None
 
 
 def event(**fields: object) -> None:
@@ -41,17 +45,46 @@ def event(**fields: object) -> None:
 
 
 def stats() -> dict:
+    gc.collect()  # (what is kept, not garbage the collector has not reached yet)
     status = {}
     with open("/proc/self/status") as f:
         for line in f:
             key, _, value = line.partition(":")
             if key in ("VmRSS", "VmSize"):
                 status[key] = int(value.split()[0]) * 1024
-    worker = ucxcomm.transport.default_worker()
+    worker = listener._worker
     return {"rss": status["VmRSS"], "vm": status["VmSize"],
             "fds": len(os.listdir("/proc/self/fd")), "calls": calls,
             # messages UCX holds that nobody received (any tag): 1 or 0
-            "unreceived": int(worker.probe(0, 0) is not None)}
+            "unreceived": int(worker.probe(0, 0) is not None),
+            "endpoints": len(worker.endpoints), "address": worker.address.hex(),
+            "tcp_listening": tcp_listening()}
+
+
+def tcp_listening() -> list[str]:
+    """The local addresses of this process's listening TCP sockets."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for name in ("tcp", "tcp6"):
+        with open(f"/proc/self/net/{name}") as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                    ip = fields[1].split(":")[0]
+                    if name == "tcp":
+                        ip = ".".join(str(b) for b in bytes.fromhex(ip)[::-1])
+                    else:
+                        ip = "::1" if ip == "0" * 31 + "1" or \
+                            ip == "00000000000000000000000001000000" else ip
+                    found.append(ip)
+    return found
 
 
 async def handle(mode: str, ep: ucxcomm.transport.Endpoint) -> None:
@@ -94,16 +127,20 @@ async def handle(mode: str, ep: ucxcomm.transport.Endpoint) -> None:
                 await ep.recv(bytearray(8), tag=1)
         elif mode == "idle":
             await ep.recv(bytearray(8), tag=1)
+        elif mode == "noclose":
+            obj = await ep.recv_obj()
+            event(kind="obj", type=type(obj).__name__, repr=repr(obj)[:200])
+            return
         else:  # pragma: no cover - a typo in a test
             raise SystemExit(f"unknown mode {mode}")
     except ucxcomm.UcxCommError as exc:
         event(kind="error", error=type(exc).__name__, msg=str(exc)[:300])
-    finally:
-        await ep.close()
+    await ep.close()
 
 
 async def main(args: argparse.Namespace) -> None:
-    lst = await listen(lambda ep: handle(args.mode, ep), 0, host=args.host,
+    global listener
+    lst = listener = await listen(lambda ep: handle(args.mode, ep), 0, host=args.host,
                        token=args.token, timeout=args.timeout)
     print(f"PORT {lst.port}", flush=True)
     loop = asyncio.get_running_loop()

@@ -286,8 +286,10 @@ plain = st.recursive(
     | st.text(max_size=10)
     | st.binary(max_size=10) | st.complex_numbers(allow_nan=False),
     lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
-    | st.dictionaries(st.text(max_size=5) | st.integers(), inner, max_size=4)
-    | st.frozensets(st.integers() | st.text(max_size=4), max_size=4),
+    | st.dictionaries(st.text(max_size=5) | st.integers(-(1 << 63), (1 << 63) - 1), inner,
+                      max_size=4)
+    | st.frozensets(st.integers(-(1 << 63), (1 << 63) - 1) | st.text(max_size=4),
+                    max_size=4),
     max_leaves=16)
 
 

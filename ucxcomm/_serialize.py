@@ -11,10 +11,12 @@ receiver post exact receives for the frames of *this* message.
   connections).
 * **safe**: ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``,
   ``bytearray``, ``list``, ``tuple``, ``dict``, ``set``, ``frozenset``, numpy arrays
-  (not of object dtype), dtypes and scalars, nested; nothing else, nothing callable.
-  Decoding builds only those types, checks every length against the message before
-  using it and never allocates more than the message's size (plus the arrays' own
-  frames, whose sizes the receiver checks against what arrives).
+  (not of object dtype), dtypes and scalars, nested (dict keys and set members: ``str``,
+  ``bytes``, ``None``, ``bool``, 64-bit ``int``); nothing else, nothing callable.
+  Decoding builds only those types and checks every length against the message before
+  using it: what it allocates is bounded by a small multiple of the message's size
+  (a Python object, tens of bytes, per item of at least one byte on the wire) plus the
+  arrays' own frames, whose sizes the receiver checks against what arrives.
 """
 
 from __future__ import annotations
@@ -171,6 +173,20 @@ _SAFE_TYPES = ("None, bool, int, float, complex, str, bytes, bytearray, list, tu
                "set, frozenset, numpy arrays (not of object dtype), dtypes and scalars")
 
 
+def _check_key(key: Any, error: Any, what: str) -> Any:
+    """``key`` if it may be a dict key or set member in the safe codec: ``str``,
+    ``bytes``, ``None``, ``bool`` or a 64-bit ``int``. Their hashes cannot be made to
+    collide in bulk (strings and bytes are hashed with a per-process secret); floats,
+    complex numbers, big integers and tuples can: a 500 KiB set of colliding numbers
+    took a decoder 8 s (quadratic in their count)."""
+    t = type(key)
+    if t is str or t is bytes or key is None or t is bool \
+            or (t is int and -(1 << 63) <= key < (1 << 63)):
+        return key
+    raise error(f"{what} of type {t.__name__} (the safe codec's keys are str, bytes, "
+                "None, bool and 64-bit int)")
+
+
 def _np() -> Any:
     import numpy
 
@@ -273,10 +289,13 @@ class _SafeEncoder:
             out += _CONTAINER_CODES[t]
             out += _U32.pack(len(obj))
             for item in obj:
+                if t is set or t is frozenset:
+                    _check_key(item, TypeError, "a set member")
                 self.put(item, depth + 1)
         elif t is dict:
             out += b"d" + _U32.pack(len(obj))
             for key, value in obj.items():
+                _check_key(key, TypeError, "a dict key")
                 self.put(key, depth + 1)
                 self.put(value, depth + 1)
         else:
@@ -395,18 +414,14 @@ class _SafeDecoder:
                 return items
             if code == b"t":
                 return tuple(items)
-            try:
-                return set(items) if code == b"S" else frozenset(items)
-            except TypeError:
-                raise self.fail("an unhashable set member") from None
+            for item in items:
+                _check_key(item, self.fail, "a set member")
+            return set(items) if code == b"S" else frozenset(items)
         if code == b"d":
             out = {}
             for _ in range(self.count()):
-                key = self.get(depth + 1)
-                try:
-                    out[key] = self.get(depth + 1)
-                except TypeError:
-                    raise self.fail("an unhashable dict key") from None
+                key = _check_key(self.get(depth + 1), self.fail, "a dict key")
+                out[key] = self.get(depth + 1)
             return out
         if code == b"a":
             return self.get_array(depth)

@@ -12,6 +12,7 @@ anything.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ from typing import Any, NamedTuple, Protocol
 
 from .._net import watch_liveness
 from .._serialize import CODECS, decode_header, encode, loads
-from ..errors import ClosedError, PeerFailure, ProtocolError, TruncationError
+from ..errors import ClosedError, PeerFailure, ProtocolError, TruncationError, UcxCommError
 from . import _ucx
 from .base import FULL_MASK, Link, Peers, RecvResult, Region, Remote, Target
 from .pool import BufferPool
@@ -50,6 +51,8 @@ MAX_OBJECT_BYTES = 1 << 40
 #: After a connection closes, messages its peer sent that nobody received are drained
 #: (received and dropped) now and again after these delays (stragglers in flight).
 _DRAIN_AGAIN_S = (0.5, 5.0)
+#: How long after a connection's end its failure is kept for operations still waiting.
+_FORGET_S = 5.0
 
 
 class Signal(NamedTuple):
@@ -96,12 +99,38 @@ class _Owner(Protocol):
     def fail_peer(self, peer: Any, exc: BaseException | None = None,
                   grace: float | None = None) -> None: ...
     def is_dead(self, peer: Any) -> bool: ...
+    def forget_peer(self, peer: Any) -> None: ...
     def remote_memory(self, rkey: bytes, address: int, nbytes: int,
                       peer: Any = None, *, strict: bool = False) -> Remote: ...
     async def drain(self, peers: Peers, timeout: float) -> None: ...
     def drain_namespace(self, ns: int) -> int: ...
     def recv_posted(self, target: Target, tag: int, mask: int,
                     peers: Peers) -> RecvResult | asyncio.Future: ...
+
+
+def _forget(worker: Any, peer: Any) -> None:
+    if not worker.closed:
+        worker.forget_peer(peer)
+
+
+def _drain(worker: Any, ns: int, quiet: int, label: str) -> None:
+    """Receive and drop what the peer of a finished connection sent that nobody
+    received (UCX keeps unexpected messages until they are received: a client that
+    flooded a tag nobody reads held that memory for good). Again after
+    ``_DRAIN_AGAIN_S[quiet]`` (messages in flight at close); as long as messages keep
+    coming (a peer that goes on sending), every ``_DRAIN_AGAIN_S[0]``."""
+    if worker.closed:
+        return
+    dropped = worker.drain_namespace(ns)
+    if dropped:
+        log.debug("connection %s: dropped %d unreceived messages", label, dropped)
+        quiet = 0
+    if quiet < len(_DRAIN_AGAIN_S):
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # (closed at interpreter exit: nothing comes any more)
+            return
+        loop.call_later(_DRAIN_AGAIN_S[quiet], _drain, worker, ns, quiet + 1, label)
 
 
 class Endpoint(Link):
@@ -111,9 +140,9 @@ class Endpoint(Link):
     operations when that peer is declared dead.
     """
 
-    __slots__ = ("_closed", "_ctl", "_ep", "_fast", "_frame_seq", "_handle", "_peers",
-                 "_reason", "_recv_ns", "_send_ns", "_sender", "_streams", "_trusted",
-                 "_watch", "_worker", "isend", "peer")
+    __slots__ = ("_closed", "_ctl", "_ep", "_fast", "_frame_seq", "_handle", "_on_end",
+                 "_peers", "_reason", "_recv_ns", "_send_ns", "_sender", "_streams",
+                 "_trusted", "_watch", "_worker", "isend", "peer")
 
     def __init__(self, worker: _Owner, ucx_ep: Any, peer: Any = None) -> None:
         self._worker = worker
@@ -133,7 +162,10 @@ class Endpoint(Link):
         self._trusted = False
         self._ctl: Any = None
         self._watch: asyncio.Task | None = None
-        self._reason: ProtocolError | None = None  # why we refused the peer, if we did
+        # What ended the connection from the peer's side (it left: PeerFailure; we
+        # refused it: ProtocolError), raised by later calls instead of ClosedError.
+        self._reason: PeerFailure | None = None
+        self._on_end: Callable[[Endpoint], None] | None = None
         self._fast = self._fast_lanes()
         # isend (Link.isend) is one compiled call: the engine's sender for this endpoint,
         # whose handle, lanes and closed flag this object keeps current.
@@ -149,13 +181,16 @@ class Endpoint(Link):
         return bool(lanes) and all(tl in FAST_SEND_TRANSPORTS for tl, _ in lanes)
 
     def _connected(self, recv_ns: int, send_ns: int, trusted: bool,
-                   reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                   reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                   on_end: Callable[[Endpoint], None]) -> None:
         """Make this a connected endpoint (by the handshake of :mod:`.listener`): tags
         scoped by the two namespaces, ``trusted`` when the peer proved it holds the
         token, and the connection's TCP stream watched: when it ends, the peer is
-        gone (every pending and later operation fails with PeerFailure)."""
+        gone (every pending and later operation fails with PeerFailure).
+        ``on_end(self)`` runs once when the endpoint is released."""
         self._recv_ns, self._send_ns, self._trusted = recv_ns, send_ns, trusted
         self._ctl = writer
+        self._on_end = on_end
         watch_liveness(writer)
         self._watch = asyncio.get_running_loop().create_task(self._watch_peer(reader))
 
@@ -172,34 +207,37 @@ class Endpoint(Link):
             self._refuse("the peer wrote on the connection's control stream after the "
                          "handshake")
             return
-        exc = PeerFailure("the connection was closed by its peer", peer=None)
-        log.info("connection %s: %s", self._label(), exc)
-        self._worker.fail_peer(self.peer, exc)
-        # What it sent and nobody received is dropped once the grace period in which
-        # it is still delivered is over (see _drain).
-        if self._recv_ns is not None:
-            asyncio.get_running_loop().call_later(1.0, self._drain, self._recv_ns, 0)
+        what = "the connection was closed by its peer"
+        self._reason = PeerFailure(what)
+        log.info("connection %s: %s", self._label(), what)
+        # (a separate instance: the one the failed operations raise collects their
+        # frames, and the endpoint may be kept by its user)
+        self._worker.fail_peer(self.peer, PeerFailure(what))
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
+        # Released once the grace period in which what it sent is still delivered is
+        # over (a handler that never closes its endpoint must not keep it, its
+        # descriptor and what the peer sent that nobody received).
+        asyncio.get_running_loop().call_later(1.0, self._end, False)
 
     def _label(self) -> str:
         return str(self.peer[1]) if isinstance(self.peer, tuple) else str(self.peer)
 
     def _refuse(self, what: str) -> ProtocolError:
-        """The peer broke the protocol: every pending and later operation on this
-        connection fails with the returned :class:`ProtocolError`, the liveness stream
-        is closed and what the peer sent is dropped (repeatedly, while it keeps
-        sending). The endpoint stays to be closed by its user."""
-        exc = ProtocolError(what)
+        """The peer broke the protocol: the connection ends at once (resources
+        released, what the peer sent dropped, again while it keeps sending), and every
+        pending and later operation on it fails with the returned
+        :class:`ProtocolError`."""
         if self._reason is not None or self._closed:
-            return self._reason or exc
-        self._reason = exc
-        log.warning("connection %s: %s; no longer used", self._label(), what)
+            return self._reason if isinstance(self._reason, ProtocolError) \
+                else ProtocolError(what)
+        self._reason = ProtocolError(what)
+        log.warning("connection %s: %s; closed", self._label(), what)
         if not self._worker.closed:
-            self._worker.fail_peer(self.peer, exc, grace=0.0)
-        if self._ctl is not None:
-            self._ctl.close()
-        if self._recv_ns is not None:
-            self._drain(self._recv_ns, 0)
-        return exc
+            self._worker.fail_peer(self.peer, ProtocolError(what), grace=0.0)
+        self.abort()
+        return ProtocolError(what)
 
     def _codec(self, codec: str | None) -> str:
         """``codec`` checked; None: pickle between authenticated peers, else safe."""
@@ -221,7 +259,15 @@ class Endpoint(Link):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ClosedError("the endpoint is closed")
+            raise self._ended_error()
+
+    def _ended_error(self) -> UcxCommError:
+        """What a call on the released endpoint raises: a fresh copy of what ended the
+        connection from the peer's side (a kept, raised exception would hold the frames
+        it passed through), or ClosedError when we closed it."""
+        r = self._reason
+        return type(r)(str(r), peer=r.peer) if r is not None else \
+            ClosedError("the endpoint is closed")
 
     def isend_raw(self, target: tuple[Any, int, Any, bool], tag: int) -> Any:
         """Like :meth:`isend` for a target prepared by ``Worker.send_ptr``."""
@@ -296,6 +342,8 @@ class Endpoint(Link):
             ``buf`` is not a contiguous buffer, or bad tag (nothing is sent).
         ClosedError, PeerFailure
         """
+        if self._closed:
+            raise self._ended_error()
         utag = self._scoped(self._send_ns, tag)
         fut = self.isend(buf, utag)
         if fut is not None:
@@ -391,6 +439,9 @@ class Endpoint(Link):
             raise self._refuse(f"the peer sent a {header.codec}-encoded object; this side "
                                f"accepts codec={codec!r} (pass the same codec= on both "
                                "sides)")
+        if header.sizes and header.seq >= _FRAME_SEQS:
+            raise self._refuse(f"the peer sent an object header with frame sequence "
+                               f"{header.seq} (at most {_FRAME_SEQS - 1})")
         total = sum(header.sizes)
         if total > MAX_OBJECT_BYTES:
             raise self._refuse(f"the peer announced an object of {total} bytes (at most "
@@ -627,12 +678,18 @@ class Endpoint(Link):
 
     def abort(self) -> None:
         """Close at once (idempotent); pending operations on it fail."""
+        self._end(streams=True)
+
+    def _end(self, streams: bool) -> None:
+        """Release the endpoint (idempotent). ``streams``: abort its streams too; when
+        the peer left (not ``streams``), readers keep the batches that arrived, to
+        deliver before they raise the peer's failure."""
         if self._closed:
             return
         self._closed = True
         self._sender.closed = True
-        for stream in list(self._streams.values()):
-            stream.abort()
+        for stream in list(self._streams.values()) if streams else ():
+            stream.abort(self._ended_error() if self._reason is not None else None)
         dead = self.peer is not None and self._worker.is_dead(self.peer)
         if self.peer is not None and not self._worker.closed:
             self._worker.fail_peer(self.peer, ClosedError("the endpoint was closed"),
@@ -648,27 +705,19 @@ class Endpoint(Link):
             self._watch = None
         if self._recv_ns is not None and not self._worker.closed:
             self._drain(self._recv_ns, 0)
+        if self._on_end is not None:  # (a connection: its label is never used again)
+            on_end, self._on_end = self._on_end, None
+            on_end(self)
+            # Its failure is forgotten once the operations still waiting on it have
+            # failed with it (the progress task polls them within milliseconds).
+            with contextlib.suppress(RuntimeError):  # (no loop: nothing waits any more)
+                asyncio.get_running_loop().call_later(_FORGET_S, _forget, self._worker,
+                                                      self.peer)
 
     def _drain(self, ns: int, quiet: int) -> None:
-        """Receive and drop what the peer sent on this finished connection that nobody
-        received (UCX keeps unexpected messages until they are received: a client that
-        flooded a tag nobody reads held that memory for good). Again after
-        ``_DRAIN_AGAIN_S[quiet]`` (messages in flight at close); as long as messages
-        keep coming (a peer that goes on sending), every ``_DRAIN_AGAIN_S[0]``."""
-        worker = self._worker
-        if worker.closed:
-            return
-        dropped = worker.drain_namespace(ns)
-        if dropped:
-            log.debug("connection %s: dropped %d unreceived messages", self._label(),
-                      dropped)
-            quiet = 0
-        if quiet < len(_DRAIN_AGAIN_S):
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # (closed at interpreter exit: nothing comes any more)
-                return
-            loop.call_later(_DRAIN_AGAIN_S[quiet], self._drain, ns, quiet + 1)
+        """See :func:`_drain` (module level: its timers must not keep the endpoint,
+        and what its failure's traceback holds, alive)."""
+        _drain(self._worker, ns, quiet, self._label())
 
     async def close(self, timeout: float = 1.0) -> None:
         """Let sends in flight on this endpoint finish (at most ``timeout`` seconds),

@@ -69,7 +69,12 @@ log = logging.getLogger(__name__)
 
 _workers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Worker] = \
     weakref.WeakKeyDictionary()
+_loopback_workers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Worker] = \
+    weakref.WeakKeyDictionary()
 _conn_ids = itertools.count(1)
+#: How often a worker of connections drops what arrived under no live connection's
+#: namespace (a peer can address any namespace: UCX matches tags across the worker).
+SWEEP_S = 2.0
 
 #: Connections a listener lets be in their handshake at once; more are closed at once.
 MAX_PENDING = 64
@@ -89,12 +94,27 @@ _HELLO_HEAD = struct.Struct("<IIHI")  # length of the rest, namespace, identity,
 
 
 def default_worker() -> Worker:
-    """The worker ``listen``/``connect`` use on the running event loop (created lazily;
-    released when the loop's tasks are cancelled at shutdown, e.g. by ``asyncio.run``)."""
+    """The worker ``listen``/``connect`` use on the running event loop for peers beyond
+    loopback (created lazily; released when the loop's tasks are cancelled at shutdown,
+    e.g. by ``asyncio.run``). Use it for memory regions; it carries connections' tags
+    only (what arrives under no live connection's namespace is dropped): give raw
+    endpoints (``Worker.connect``) a worker of their own."""
+    return _worker(False)
+
+
+def _worker(loopback: bool) -> Worker:
+    """The running loop's worker for connections beyond loopback, or for loopback
+    ones: its UCX TCP transport listens on ``lo`` only (``UCX_NET_DEVICES=lo``, unless
+    ``UCX_NET_DEVICES``/``UCXCOMM_DEVICES`` say otherwise), so that a loopback listener
+    exposes no UCX port to the network either."""
     loop = asyncio.get_running_loop()
-    worker = _workers.get(loop)
+    table = _loopback_workers if loopback else _workers
+    worker = table.get(loop)
     if worker is None or worker.closed:
-        worker = _workers[loop] = Worker()
+        config = None
+        if loopback and not {"UCX_NET_DEVICES", "UCXCOMM_DEVICES"} & set(os.environ):
+            config = {"NET_DEVICES": "lo"}
+        worker = table[loop] = Worker(config)
     return worker
 
 
@@ -147,13 +167,61 @@ def host_identity() -> bytes:
     return boot + f":{net}:{ipc}".encode()
 
 
-def _new_namespace(worker: Worker) -> int:
-    taken = worker.__dict__.setdefault("_namespaces", set())
-    while True:
-        ns = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
-        if ns and ns not in taken:
-            taken.add(ns)
-            return ns
+# This process's client sockets in their handshake and its listeners' ports: a peer
+# may present one of this process's own worker addresses only from there.
+_our_clients: set[Any] = set()
+_our_ports: set[int] = set()
+
+
+class _Connections:
+    """What a worker's connections share: the namespaces ever handed out (never
+    reused), those of live connections, and the sweep of what arrives for no live
+    namespace."""
+
+    def __init__(self, worker: Worker, sweep: bool) -> None:
+        self.worker = worker
+        self.taken: set[int] = set()
+        self.live: set[int] = set()
+        self.sweep = sweep
+        self.sweeping = False
+
+    def new_namespace(self) -> int:
+        while True:
+            ns = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+            if ns and ns not in self.taken:
+                self.taken.add(ns)
+                self.live.add(ns)
+                return ns
+
+    def ended(self, ep: Endpoint) -> None:
+        self.live.discard(ep._recv_ns)  # type: ignore[arg-type]
+
+    def start_sweeps(self) -> None:
+        if self.sweep and not self.sweeping:
+            self.sweeping = True
+            asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
+
+    def _sweep(self) -> None:
+        worker = self.worker
+        if worker.closed:
+            return
+        dropped = worker.drop_unreceived(self.live)
+        if dropped:
+            log.info("dropped %d messages addressed to no live connection", dropped)
+        asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
+
+
+_registries: weakref.WeakKeyDictionary[Worker, _Connections] = weakref.WeakKeyDictionary()
+
+
+def _connections(worker: Worker) -> _Connections:
+    reg = _registries.get(worker)
+    if reg is None:
+        # Only workers that carry nothing but connections are swept (a worker passed
+        # in by the caller may carry other tags: a communicator's).
+        own = worker in _workers.values() or worker in _loopback_workers.values()
+        reg = _registries[worker] = _Connections(worker, own)
+    return reg
 
 
 class _Session:
@@ -223,6 +291,8 @@ class _RateLimited:
         self.interval, self.last, self.skipped = interval, 0.0, 0
 
     def __call__(self, level: int, msg: str, *args: Any) -> None:
+        if not log.isEnabledFor(level):
+            return
         now = time.monotonic()
         if now - self.last < self.interval:
             self.skipped += 1
@@ -234,7 +304,8 @@ class _RateLimited:
         log.log(level, msg, *args)
 
 
-_auth_log = _RateLimited()
+_auth_log = _RateLimited()  # wrong or missing tokens (warnings)
+_drop_log = _RateLimited()  # other failed handshakes (info)
 
 
 async def _establish(worker: Worker, reader: asyncio.StreamReader,
@@ -243,23 +314,34 @@ async def _establish(worker: Worker, reader: asyncio.StreamReader,
     """Hellos, worker-address checks, the UCX endpoint and its wire-up check: the
     connected :class:`Endpoint` (the caller bounds the time)."""
     mine, theirs = (b"listener", b"client") if listener else (b"client", b"listener")
-    ns = _new_namespace(worker)  # (never reused, even if this handshake fails)
-    own = _Hello(ns, host_identity(), worker.address)
-    if not listener:  # the client speaks first; the listener answers a good hello
-        writer.write(_pack_hello(session, mine, own))
-    peer = await _read_hello(reader, session, theirs)
+    reg = _connections(worker)
+    ns = reg.new_namespace()  # (never reused, even if this handshake fails)
+    ep = None
     try:
-        worker.check_peer_address(peer.address)
-    except ValueError as exc:
-        raise ProtocolError(f"the peer's UCX worker address is unusable: {exc}"
-                            ) from None
-    if listener:
-        writer.write(_pack_hello(session, mine, own))
-    same_host = bool(own.identity) and peer.identity == own.identity
-    label = ("connection", next(_conn_ids))
-    ucx_ep = worker.raw_endpoint(peer.address, error_handling=not same_host)
-    ep = worker.adopt(ucx_ep, label)
-    ep._connected(ns, peer.namespace, trusted, reader, writer)
+        own = _Hello(ns, host_identity(), worker.address)
+        if not listener:  # the client speaks first; the listener answers a good hello
+            writer.write(_pack_hello(session, mine, own))
+        peer = await _read_hello(reader, session, theirs)
+        try:
+            itself = worker.check_peer_address(peer.address)
+        except ValueError as exc:
+            raise ProtocolError(f"the peer's UCX worker address is unusable: {exc}"
+                                ) from None
+        if itself and not _from_this_process(writer, listener):
+            # (a connection from us to us is fine; another process presenting our own
+            # address would make us send to ourselves, into any namespace it names)
+            raise ProtocolError("the peer presented this process's own worker address")
+        if listener:
+            writer.write(_pack_hello(session, mine, own))
+        same_host = bool(own.identity) and peer.identity == own.identity
+        label = ("connection", next(_conn_ids))
+        ucx_ep = worker.raw_endpoint(peer.address, error_handling=not same_host)
+        ep = worker.adopt(ucx_ep, label)
+    finally:
+        if ep is None:
+            reg.live.discard(ns)
+    ep._connected(ns, peer.namespace, trusted, reader, writer, reg.ended)
+    reg.start_sweeps()
     try:
         # One message each way on the path that will carry the traffic.
         check = bytearray(1)
@@ -278,6 +360,16 @@ async def _establish(worker: Worker, reader: asyncio.StreamReader,
         ep.abort()
         raise
     return ep
+
+
+def _from_this_process(writer: asyncio.StreamWriter, listener: bool) -> bool:
+    """Whether the other end of the handshake's TCP connection is this process: for a
+    listener, one of our clients' sockets; for a client, one of our listeners' ports on
+    a loopback address."""
+    peer = writer.get_extra_info("peername")
+    if listener:
+        return peer in _our_clients
+    return peer is not None and peer[1] in _our_ports and is_loopback(str(peer[0]))
 
 
 class Listener:
@@ -311,6 +403,7 @@ class Listener:
             raise UcxCommError(f"cannot listen on {host}:{port}: {exc}") from None
         sockname = self._server.sockets[0].getsockname()
         self._ip, self._port = str(sockname[0]), int(sockname[1])
+        _our_ports.add(self._port)
         return self
 
     @property
@@ -347,10 +440,11 @@ class Listener:
             _auth_log(logging.WARNING, "listener on port %d: refused a client from %s: %s",
                       self._port, peer, exc)
         except (ProtocolError, PeerFailure, UcxCommError) as exc:
-            _auth_log(logging.INFO, "listener on port %d: dropped a client from %s: %s",
+            _drop_log(logging.INFO, "listener on port %d: dropped a client from %s: %s",
                       self._port, peer, exc)
         except asyncio.CancelledError:
-            # The process is shutting down (asyncio.run cancels what is left): close
+            # The process is shutting down (asyncio.run cancels what is left). This is
+            # the top of the connection's task, with nobody above to tell: end
             # quietly (Python 3.11's stream server logs a traceback for a re-raise).
             pass
         finally:
@@ -364,9 +458,13 @@ class Listener:
             self._tasks.add(task)
         try:
             await self._handler(ep)
-        except asyncio.CancelledError:
-            pass
+        except asyncio.CancelledError:  # (the top of the task, as above)
+            ep.abort()
+        except PeerFailure as exc:  # the peer left or broke the protocol: not a bug here
+            ep.abort()
+            log.debug("listener: connection %s ended its handler: %s", ep._label(), exc)
         except Exception:
+            ep.abort()
             log.exception("listener: the connection handler raised")
         finally:
             if task is not None:
@@ -409,6 +507,7 @@ class Listener:
         self._closed = True
         if self._server is not None:
             self._server.close()
+            _our_ports.discard(self._port)
 
     async def close(self) -> None:
         """Stop accepting new connections (idempotent); connections in their handshake
@@ -432,6 +531,11 @@ async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *
     ``handler(ep)`` is a coroutine function, run as a task for each new connection once
     its handshake succeeded.
 
+    When the handler returns, the endpoint stays open (close it, or keep it for later);
+    it is released anyway a second after its peer leaves. When the handler raises, the
+    endpoint is closed (a ``PeerFailure``, the peer leaving or breaking the protocol, is
+    logged at debug level; anything else with its traceback).
+
     Parameters
     ----------
     host : str
@@ -439,7 +543,8 @@ async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *
         (``"0.0.0.0"``, ``"::"``, an interface's address or name) needs ``token=`` or
         ``insecure=True``.
     token : str or bytes, optional
-        A secret shared with the clients: each connection starts with a mutual
+        A secret shared with the clients (random, 128 bits or more: the handshake lets a
+        client test guesses offline): each connection starts with a mutual
         challenge-response (HMAC-SHA256), and only clients holding it get to the handler.
         Objects on authenticated connections use pickle by default.
     insecure : bool
@@ -468,7 +573,7 @@ async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *
         raise ValueError(f"listen: host={host!r} is reachable from other hosts; pass "
                          "token= (a secret the clients share) or insecure=True to accept "
                          "anyone who can reach the port")
-    listener = Listener(worker or default_worker(), handler, secret, timeout)
+    listener = Listener(worker or _worker(is_loopback(host)), handler, secret, timeout)
     # ("localhost" would bind 127.0.0.1 and ::1, on two different ports when port=0)
     return await listener._start("127.0.0.1" if host == "localhost" else host, port)
 
@@ -505,7 +610,7 @@ async def connect(host: str, port: int, *, token: str | bytes | None = None,
     _check_port(port, 1, "connect")
     _check_timeout(timeout, "connect")
     secret = _check_token(token, "connect")
-    worker = worker or default_worker()
+    worker = worker or _worker(is_loopback(host))
     if worker.closed:
         raise ClosedError("the worker is closed")
     writer = None
@@ -540,6 +645,17 @@ async def _client_handshake(worker: Worker, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter, secret: bytes | None, host: str,
                             port: int) -> Endpoint:
     where = f"{host}:{port}"
+    me = writer.get_extra_info("sockname")
+    _our_clients.add(me)
+    try:
+        return await _client_exchange(worker, reader, writer, secret, where)
+    finally:
+        _our_clients.discard(me)
+
+
+async def _client_exchange(worker: Worker, reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter, secret: bytes | None,
+                           where: str) -> Endpoint:
     client_nonce = secrets.token_bytes(_NONCE)
     writer.write(_OPEN.pack(_MAGIC, _VERSION, _F_TOKEN if secret else 0, client_nonce))
     magic, version, flags, server_nonce, proof = _ANSWER.unpack(

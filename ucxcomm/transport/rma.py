@@ -325,14 +325,16 @@ class RmaEngines:
                strict: bool = False, ours: tuple[bytes, ...] = ()) -> RemoteMemory:
         return RemoteMemory(self, rkey, address, nbytes, peer, strict, ours)
 
-    def addresses(self) -> list[bytes]:
-        """The addresses of the engines created so far."""
-        return [eng.address for eng in self._engines.values()]
+    @staticmethod
+    def process_addresses() -> list[bytes]:
+        """The addresses of every RMA engine of this process (all workers)."""
+        return [eng.address for eng in list(_live) if not eng.closed]
 
-    def regions(self) -> list[MemoryRegion]:
-        """This process's regions (every local engine maps each)."""
+    @staticmethod
+    def process_regions() -> list[MemoryRegion]:
+        """Every open region of this process (all workers; each engine maps each)."""
         found: dict[int, MemoryRegion] = {}
-        for eng in self._engines.values():
+        for eng in list(_live):
             for region in eng._regions:
                 found[id(region)] = region
         return list(found.values())
@@ -525,14 +527,14 @@ class RemoteMemory(Remote):
     def _check_strict(engines: RmaEngines, found: list[tuple[bool, bool, bytes, bytes]],
                       address: int, nbytes: int, ours: tuple[bytes, ...]) -> None:
         """See the class docstring (``strict``). Raises ValueError."""
-        ours = (*ours, *engines.addresses())
         for v1, _, owner, packed in found:
             eng = engines.engine(v1)
-            ours = (*ours, eng.address)
-            is_self = check_address(owner, eng.address, ours, os.getpid())
+            mine = (*ours, *engines.process_addresses())
+            is_self = check_address(owner, eng.address, mine, os.getpid())
             check_rkey_layout(packed, eng.template_key())
             if is_self and not any(r.address <= address and address + nbytes
-                                   <= r.address + r.nbytes for r in engines.regions()):
+                                   <= r.address + r.nbytes
+                                   for r in engines.process_regions()):
                 raise ValueError("a key for this process's own memory outside its "
                                  "registered regions")
 

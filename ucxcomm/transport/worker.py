@@ -23,7 +23,8 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from typing import Any
 
 from .. import settings
@@ -71,6 +72,9 @@ def pin_mmap_threshold() -> int | None:
     log.debug("glibc mmap threshold pinned to %d bytes", value)
     return value
 
+
+# Every worker of this process (a peer's address or key must not name one of them).
+_open_workers: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 #: After a peer is declared dead, what already arrived from it is still delivered for
 #: this long before its pending operations fail.
@@ -192,6 +196,7 @@ class Worker(Transport):
                                eng._dead)
         self.endpoints: list[Endpoint] = []
         self._scratch = self._eng.recv_ptr(bytearray(1))  # what drain_namespace keeps
+        _open_workers.add(self)
 
     # ------------------------------------------------------------------ info
     @property
@@ -263,7 +268,7 @@ class Worker(Transport):
         """
         self._check_open()
         return self._rma.remote(rkey, address, nbytes, peer, strict=strict,
-                                ours=(self.address,) if strict else ())
+                                ours=self.own_addresses() if strict else ())
 
     # ------------------------------------------------------------ endpoints
     def raw_endpoint(self, address: bytes, *, error_handling: bool = False) -> Any:
@@ -280,9 +285,10 @@ class Worker(Transport):
                                           error_handling=error_handling)
 
     def own_addresses(self) -> tuple[bytes, ...]:
-        """This process's UCX addresses that a peer could name: the worker's and its
-        RMA engines' (those created so far)."""
-        return (self.address, *self._rma.addresses())
+        """This process's UCX addresses that a peer could name: every open worker's and
+        every RMA engine's created so far."""
+        workers = [w.address for w in list(_open_workers) if not w.closed]
+        return (*workers, *self._rma.process_addresses())
 
     def check_peer_address(self, address: bytes) -> bool:
         """Check a worker address a peer sent before UCX parses it
@@ -295,6 +301,31 @@ class Worker(Transport):
             Malformed, or unusable here.
         """
         return check_address(address, self.address, self.own_addresses(), os.getpid())
+
+    def drop_unreceived(self, keep: Collection[int]) -> int:
+        """Receive and drop every message already here whose namespace (the tag's upper
+        32 bits) is not in ``keep``: a binary search over namespace prefixes with
+        non-destructive probes, descending only into prefixes a message matches (about
+        64 probes per namespace that has messages waiting). For workers whose every
+        tag is namespaced (connections): a peer can address any namespace, UCX matches
+        across the worker, and nobody would ever receive those. Returns how many."""
+        if self.closed:
+            return 0
+        probe = self._eng.probe
+        dropped = 0
+        stack = [(0, 0)]  # (namespace prefix, its length in bits)
+        while stack:
+            value, bits = stack.pop()
+            shift = 64 - bits
+            if probe(value << shift if bits else 0,
+                     ((1 << bits) - 1) << shift if bits else 0) is None:
+                continue
+            if bits < 32:
+                stack.append((value << 1, bits + 1))
+                stack.append((value << 1 | 1, bits + 1))
+            elif value not in keep:
+                dropped += self.drain_namespace(value)
+        return dropped
 
     def drain_namespace(self, ns: int) -> int:
         """Receive and drop every message already here whose tag's upper 32 bits are
@@ -538,6 +569,14 @@ class Worker(Transport):
 
     def is_dead(self, peer: Any) -> bool:
         return peer in self._eng._dead
+
+    def forget_peer(self, peer: Any) -> None:
+        """Drop what :meth:`fail_peer` recorded about ``peer``, once nothing will ever
+        name it again (a connection's label after its endpoint is released): the
+        exception, raised by every operation that failed for it, holds those
+        operations' frames and what they referenced (buffers) for as long as it is
+        kept."""
+        self._eng._dead.pop(peer, None)
 
     def p2p_path(self, group: Any, world: Any, links: list[Any], cache: dict[Any, Any],
                  kind: int, base: int, size: int, tag_ub: int,
