@@ -126,17 +126,23 @@ def test_scratch_pool_reuses_and_caps():
 
 def test_comm_forwards_every_collective():
     """Comm exposes each public method of Collectives under the same name, parameters
-    and docstring (its forwarders are written out in communicator.py), async where the
-    operation is awaited and returning a Request for the I-forms."""
+    (plus a keyword-only ``timeout=`` on the blocking ones) and docstring (its forwarders
+    are written out in communicator.py), async where the operation is awaited and
+    returning a Request for the I-forms."""
     import inspect
 
     from ucxcomm.comm.collectives import Collectives
 
     names = [n for n, v in vars(Collectives).items() if not n.startswith("_") and callable(v)]
     assert {"Allreduce", "Iallreduce", "barrier", "Ibarrier", "allgather"} <= set(names)
+    timeout = inspect.Parameter("timeout", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                annotation="float | None")
     for name in names:
         impl, fwd = getattr(Collectives, name), getattr(ucxcomm.Comm, name)
-        assert (list(inspect.signature(fwd).parameters.values())[1:]
-                == list(inspect.signature(impl).parameters.values())[1:]), name
+        expected = list(inspect.signature(impl).parameters.values())[1:]
+        blocking = name[0] != "I" and name != "ibarrier"
+        if blocking and "timeout" not in inspect.signature(impl).parameters:
+            expected.append(timeout)
+        assert list(inspect.signature(fwd).parameters.values())[1:] == expected, name
         assert fwd.__doc__ == impl.__doc__, name
         assert inspect.iscoroutinefunction(fwd) == (name[0] != "I" and name != "ibarrier"), name

@@ -59,6 +59,20 @@ def test_cancelled_collective():
     run_case(COLL_CASES, "cancelled_collective", 2)
 
 
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+def test_every_collective_takes_a_timeout(nranks):
+    run_case(COLL_CASES, "every_collective_takes_a_timeout", nranks)
+
+
+def test_collective_timeout_leaves_the_communicator_out_of_step():
+    run_case(COLL_CASES, "collective_timeout_leaves_the_communicator_out_of_step", 2)
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+def test_window_timeouts_and_async_with(nranks):
+    run_case(COLL_CASES, "window_timeouts_and_async_with", nranks)
+
+
 @pytest.mark.parametrize("name", ["allreduce_large_and_in_place", "objects",
                                   "alltoall_and_reduce_scatter"])
 def test_collectives_over_tcp(name):

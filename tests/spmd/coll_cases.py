@@ -869,5 +869,162 @@ async def group_compiled_others(comm):
         await same_everywhere(comm, out, "mixed reduce_scatter_block")
 
 
+
+
+@case
+async def every_collective_takes_a_timeout(comm):
+    """Every blocking collective (and split/dup) takes ``timeout=``: with time to spare
+    they complete as without; a bad value fails at the call, before any I/O."""
+    p, r = comm.size, comm.rank
+    sub = await comm.dup(timeout=30)
+    t = 30
+    x = np.arange(4, dtype=np.float64) + r
+    out = np.zeros(4)
+    await sub.Bcast(out, root=0, timeout=t)
+    await sub.Reduce(x, out if r == 0 else None, root=0, timeout=t)
+    await sub.Allreduce(x, out, timeout=t)
+    assert (out == sum(np.arange(4.0) + q for q in range(p))).all()
+    g = np.zeros(4 * p)
+    await sub.Gather(x, g if r == 0 else None, root=0, timeout=t)
+    await sub.Gatherv(x, (g, [4] * p) if r == 0 else None, root=0, timeout=t)
+    await sub.Scatter(g if r == 0 else None, out, root=0, timeout=t)
+    await sub.Scatterv((g, [4] * p) if r == 0 else None, out, root=0, timeout=t)
+    await sub.Allgather(x, g, timeout=t)
+    await sub.Allgatherv(x, (g, [4] * p), timeout=t)
+    await sub.Alltoall(g, np.zeros(4 * p), timeout=t)
+    await sub.Alltoallv((g, [4] * p), (np.zeros(4 * p), [4] * p), timeout=t)
+    await sub.Reduce_scatter_block(g, out, timeout=t)
+    await sub.Reduce_scatter(g, out, [4] * p, timeout=t)
+    await sub.Scan(x, out, timeout=t)
+    await sub.Exscan(x, out, timeout=t)
+    await sub.barrier(timeout=t)
+    assert await sub.bcast("b", root=0, timeout=t) == "b"
+    assert await sub.reduce(1, root=0, timeout=t) == (p if r == 0 else None)
+    assert await sub.allreduce(1, timeout=t) == p
+    assert await sub.gather(r, root=0, timeout=t) == (list(range(p)) if r == 0 else None)
+    assert await sub.allgather(r, timeout=t) == list(range(p))
+    assert await sub.scatter(list(range(p)) if r == 0 else None, root=0, timeout=t) == r
+    assert await sub.alltoall([r] * p, timeout=t) == list(range(p))
+    assert await sub.scan(1, timeout=t) == r + 1
+    assert await sub.exscan(1, timeout=t) == (None if r == 0 else r)
+    sub2 = await sub.split(r % 2, timeout=t)
+    assert sub2 is not None and sub2.size == len(range(r % 2, p, 2))
+    for bad, exc in ((-1, ValueError), (float("nan"), ValueError), ("1", TypeError)):
+        for call in (lambda t: sub.Allreduce(x, out, timeout=t),
+                     lambda t: sub.bcast(1, timeout=t), lambda t: sub.dup(timeout=t)):
+            try:
+                await call(bad)
+            except exc as e:
+                assert "timeout" in str(e), e
+            else:
+                raise AssertionError(f"timeout={bad!r} accepted")
+    # (nothing was posted by those: the next collective still lines up)
+    assert await sub.allreduce(r, timeout=t) == sum(range(p))
+    await sub2.close()
+    await sub.close()
+
+
+@case
+async def collective_timeout_leaves_the_communicator_out_of_step(comm):
+    """A rank whose collective times out (its peer never joins) gets CommTimeoutError at
+    the deadline; that communicator then refuses every further collective with a clear
+    error, at the call, while point-to-point on it still works (2 ranks)."""
+    assert comm.size == 2
+    sub = await comm.dup()
+    if comm.rank == 0:
+        out = np.full(4, -1.0)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            await sub.Allreduce(np.ones(4), out, timeout=0.3)
+        except ucxcomm.CommTimeoutError as exc:
+            assert "no further collective" in str(exc), exc
+        else:
+            raise AssertionError("the Allreduce completed without its peer")
+        assert 0.25 < loop.time() - t0 < 10
+        for call in (lambda: sub.Bcast(out), lambda: sub.barrier(timeout=5),
+                     lambda: sub.allgather(1), lambda: sub.dup()):
+            try:
+                await call()
+            except ucxcomm.UcxCommError as exc:
+                assert "out of step" in str(exc), exc
+                assert not isinstance(exc, ucxcomm.CommTimeoutError)
+            else:
+                raise AssertionError("a collective ran on an out-of-step communicator")
+        try:
+            sub.Iallreduce(np.ones(4), out)
+        except ucxcomm.UcxCommError as exc:
+            assert "out of step" in str(exc), exc
+        else:
+            raise AssertionError("Iallreduce accepted")
+        await sub.send("p2p still works", 1)
+        assert await sub.recv(1) == "ack"
+        assert (out == -1.0).all(), out  # (the abandoned receive never wrote it)
+    else:
+        assert await sub.recv(0) == "p2p still works"
+        await sub.send("ack", 0)
+    sub.abort()
+    await comm.barrier()
+
+
+@case
+async def window_timeouts_and_async_with(comm):
+    """Windows: ``async with`` frees them; every blocking call takes ``timeout=``; a Lock
+    that cannot be had gives up at its deadline without leaving the lock taken."""
+    p, r = comm.size, comm.rank
+    async with await ucxcomm.Win.Allocate(comm, 64, timeout=30) as win:
+        await win.Put(np.full(8, r, np.uint8), (r + 1) % p, 0, timeout=30)
+        await win.Flush((r + 1) % p, timeout=30)
+        await win.Fence(timeout=30)
+        assert (win.memory[:8] == (r - 1) % p).all()
+        got = np.zeros(8, np.uint8)
+        await win.Get(got, (r + 1) % p, 0, timeout=30)
+        assert (got == r).all()
+        await win.Accumulate(np.ones(1, np.int64), 0, 8, timeout=30)
+        await win.Accumulate(np.ones(1, np.float64), 0, 16, timeout=30)  # (locked path)
+        await win.Fetch_and_op(1, 0, 24, timeout=30)
+        await win.Compare_and_swap(5, 0, 0, 32, timeout=30)
+        await win.Flush_all(timeout=30)
+        await win.Lock_all(timeout=30)
+        await win.Unlock_all(timeout=30)
+        await win.Fence(timeout=30)
+        if r == 0:
+            assert win.memory[8:16].view(np.int64)[0] == p
+        if p >= 2:
+            if r == 0:
+                await win.Lock(1, exclusive=True, timeout=30)
+            await comm.barrier()
+            if r == p - 1 and r != 0:
+                try:
+                    await win.Lock(1, exclusive=True, timeout=0.3)
+                except ucxcomm.CommTimeoutError:
+                    pass
+                else:
+                    raise AssertionError("an exclusive lock was taken twice")
+            await comm.barrier()
+            if r == 0:
+                await win.Unlock(1, timeout=30)
+            await comm.barrier()
+            if r == p - 1 and r != 0:  # (the failed attempt left nothing taken)
+                await win.Lock(1, exclusive=True, timeout=30)
+                await win.Unlock(1, timeout=30)
+            await comm.barrier()
+        for bad in (-1, float("inf")):
+            try:
+                await win.Put(np.zeros(1, np.uint8), 0, timeout=bad)
+            except ValueError:
+                pass
+            else:
+                raise AssertionError("timeout accepted")
+    assert win.closed
+    try:
+        async with await ucxcomm.Win.Allocate(comm, 8) as win2:
+            raise KeyError("inside")
+    except KeyError:
+        pass
+    assert win2.closed  # (released at once when the block raised)
+    await comm.barrier()
+
+
 if __name__ == "__main__":
     cases.main()

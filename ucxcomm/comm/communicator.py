@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._serialize import FRAMED, encode, loads_inline
-from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError
+from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError, UcxCommError
 from .algorithms import ScratchPool
 from .collectives import Collectives
 from .group import Group, check_int, check_timeout, with_timeout
@@ -157,6 +157,20 @@ def _doc(impl: Callable[..., Any]) -> Callable[[_F], _F]:
     return apply
 
 
+class _OutOfStep:
+    """Stands in for a communicator's :class:`Collectives` once one of them timed out
+    (``Comm._deadline``): every collective, blocking or not, raises at the call."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise UcxCommError(f"{name}: {self.reason}")
+
+        return refuse
+
+
 class Comm:
     """A communicator: a group of ranks with its own message space.
 
@@ -167,11 +181,16 @@ class Comm:
     Obtain the world with ``await ucxcomm.init()``; derive others with :meth:`split`
     and :meth:`dup`. Attributes ``rank`` and ``size`` are this process's rank in the
     communicator and the number of ranks.
+
+    Every blocking call takes ``timeout=`` (seconds; None: no limit) and raises
+    :class:`~ucxcomm.CommTimeoutError` past it. A collective that timed out leaves the
+    ranks' collectives out of step: the communicator then takes no further collective
+    (each raises ``UcxCommError`` at the call), while point-to-point keeps working.
     """
 
     def __init__(self, world: World, members: tuple[int, ...], cid: int) -> None:
         g = self._group = Group(world, members, cid)
-        self._coll = Collectives(g)
+        self._coll: Collectives | _OutOfStep = Collectives(g)
         self.rank = g.rank
         self.size = g.size
         # The per-message paths below read these directly (one attribute, no chain).
@@ -497,7 +516,8 @@ class Comm:
         return Group.status(*got)
 
     # ----------------------------------------------------------- communicators
-    async def split(self, color: int | None, key: int = 0) -> Comm | None:
+    async def split(self, color: int | None, key: int = 0, *,
+                    timeout: float | None = None) -> Comm | None:
         """Partition the ranks by ``color``; order each part by ``(key, rank)``.
 
         Collective. Ranks passing ``color=None`` get None. The new communicators never
@@ -506,7 +526,11 @@ class Comm:
         Raises
         ------
         ValueError, TypeError
-            ``color`` is negative or not an int/None; ``key`` is not an int.
+            ``color`` is negative or not an int/None; ``key`` is not an int; a bad
+            ``timeout``.
+        CommTimeoutError
+            Not every rank took part within ``timeout`` seconds (this communicator then
+            takes no further collective).
         """
         self._check_open()
         if color is not None:
@@ -515,7 +539,11 @@ class Comm:
                 raise ValueError(f"color must be >= 0 or None, got {color}")
         key = check_int(key, "key")
         world = self._world
-        infos = await self._coll.allgather((color, key, world.next_cid))
+        mine = (color, key, world.next_cid)
+        if timeout is None:
+            infos = await self._coll.allgather(mine)
+        else:
+            infos = await self._deadline(self._coll.allgather, (mine,), timeout, "split")
         cid = max(info[2] for info in infos)
         world.next_cid = cid + 1
         if color is None:
@@ -523,9 +551,10 @@ class Comm:
         members = sorted((k, r) for r, (c, k, _) in enumerate(infos) if c == color)
         return Comm(world, tuple(self._group.members[r] for _, r in members), cid)
 
-    async def dup(self) -> Comm:
-        """A communicator with the same ranks and a separate message space (collective)."""
-        sub = await self.split(0, self.rank)
+    async def dup(self, *, timeout: float | None = None) -> Comm:
+        """A communicator with the same ranks and a separate message space (collective;
+        ``timeout`` as for :meth:`split`)."""
+        sub = await self.split(0, self.rank, timeout=timeout)
         assert sub is not None
         return sub
 
@@ -546,6 +575,8 @@ class Comm:
         if self.closed:
             return
         try:
+            if isinstance(self._coll, _OutOfStep):
+                raise CommTimeoutError(self._coll.reason)
             await self.barrier(timeout=timeout)
         except (PeerFailure, CommTimeoutError) as exc:
             log.warning("close: not every rank reached close (%s); closing anyway", exc)
@@ -574,7 +605,9 @@ class Comm:
     # explicit call: a generic ``*args, **kwargs`` forwarder cost ~0.45 us per call in a
     # microbenchmark here, a tenth of the small-Allreduce path's own CPU time).
     @_doc(Collectives.Bcast)
-    async def Bcast(self, buf: Any, root: int = 0) -> None:
+    async def Bcast(self, buf: Any, root: int = 0, *, timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Bcast, (buf, root), timeout, "Bcast")
         res = self._coll.Bcast(buf, root)
         if res is not DONE:
             await res
@@ -584,7 +617,11 @@ class Comm:
         return self._coll.Ibcast(buf, root)
 
     @_doc(Collectives.Reduce)
-    async def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> None:
+    async def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
+                     timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Reduce, (sendbuf, recvbuf, op, root),
+                                        timeout, "Reduce")
         await self._coll.Reduce(sendbuf, recvbuf, op, root)
 
     @_doc(Collectives.Ireduce)
@@ -592,9 +629,13 @@ class Comm:
         return self._coll.Ireduce(sendbuf, recvbuf, op, root)
 
     @_doc(Collectives.Allreduce)
-    async def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+    async def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
+                        timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Allreduce, (sendbuf, recvbuf, op),
+                                        timeout, "Allreduce")
         res = self._coll.Allreduce(sendbuf, recvbuf, op)
-        if res is not DONE:  # (finished inside the call: nothing to await)
+        if res is not DONE:
             await res
 
     @_doc(Collectives.Iallreduce)
@@ -602,11 +643,19 @@ class Comm:
         return self._coll.Iallreduce(sendbuf, recvbuf, op)
 
     @_doc(Collectives.Gather)
-    async def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+    async def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                     timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Gather, (sendbuf, recvbuf, root),
+                                        timeout, "Gather")
         await self._coll.Gather(sendbuf, recvbuf, root)
 
     @_doc(Collectives.Gatherv)
-    async def Gatherv(self, sendbuf: Any, recvspec: Any, root: int = 0) -> None:
+    async def Gatherv(self, sendbuf: Any, recvspec: Any, root: int = 0, *,
+                      timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Gatherv, (sendbuf, recvspec, root),
+                                        timeout, "Gatherv")
         await self._coll.Gatherv(sendbuf, recvspec, root)
 
     @_doc(Collectives.Igather)
@@ -618,11 +667,19 @@ class Comm:
         return self._coll.Igatherv(sendbuf, recvspec, root)
 
     @_doc(Collectives.Scatter)
-    async def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+    async def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                      timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Scatter, (sendbuf, recvbuf, root),
+                                        timeout, "Scatter")
         await self._coll.Scatter(sendbuf, recvbuf, root)
 
     @_doc(Collectives.Scatterv)
-    async def Scatterv(self, sendspec: Any, recvbuf: Any, root: int = 0) -> None:
+    async def Scatterv(self, sendspec: Any, recvbuf: Any, root: int = 0, *,
+                       timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Scatterv, (sendspec, recvbuf, root),
+                                        timeout, "Scatterv")
         await self._coll.Scatterv(sendspec, recvbuf, root)
 
     @_doc(Collectives.Iscatter)
@@ -634,13 +691,20 @@ class Comm:
         return self._coll.Iscatterv(sendspec, recvbuf, root)
 
     @_doc(Collectives.Allgather)
-    async def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+    async def Allgather(self, sendbuf: Any, recvbuf: Any, *, timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Allgather, (sendbuf, recvbuf),
+                                        timeout, "Allgather")
         res = self._coll.Allgather(sendbuf, recvbuf)
         if res is not DONE:
             await res
 
     @_doc(Collectives.Allgatherv)
-    async def Allgatherv(self, sendbuf: Any, recvspec: Any) -> None:
+    async def Allgatherv(self, sendbuf: Any, recvspec: Any, *,
+                         timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Allgatherv, (sendbuf, recvspec),
+                                        timeout, "Allgatherv")
         await self._coll.Allgatherv(sendbuf, recvspec)
 
     @_doc(Collectives.Iallgather)
@@ -652,13 +716,20 @@ class Comm:
         return self._coll.Iallgatherv(sendbuf, recvspec)
 
     @_doc(Collectives.Alltoall)
-    async def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+    async def Alltoall(self, sendbuf: Any, recvbuf: Any, *, timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Alltoall, (sendbuf, recvbuf),
+                                        timeout, "Alltoall")
         res = self._coll.Alltoall(sendbuf, recvbuf)
         if res is not DONE:
             await res
 
     @_doc(Collectives.Alltoallv)
-    async def Alltoallv(self, sendspec: Any, recvspec: Any) -> None:
+    async def Alltoallv(self, sendspec: Any, recvspec: Any, *,
+                        timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Alltoallv, (sendspec, recvspec),
+                                        timeout, "Alltoallv")
         await self._coll.Alltoallv(sendspec, recvspec)
 
     @_doc(Collectives.Ialltoall)
@@ -670,14 +741,22 @@ class Comm:
         return self._coll.Ialltoallv(sendspec, recvspec)
 
     @_doc(Collectives.Reduce_scatter_block)
-    async def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+    async def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
+                                   timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Reduce_scatter_block, (sendbuf, recvbuf, op),
+                                        timeout, "Reduce_scatter_block")
         res = self._coll.Reduce_scatter_block(sendbuf, recvbuf, op)
         if res is not DONE:
             await res
 
     @_doc(Collectives.Reduce_scatter)
     async def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],
-                             op: Op = SUM) -> None:
+                             op: Op = SUM, *, timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Reduce_scatter,
+                                        (sendbuf, recvbuf, recvcounts, op), timeout,
+                                        "Reduce_scatter")
         await self._coll.Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
 
     @_doc(Collectives.Ireduce_scatter_block)
@@ -690,11 +769,18 @@ class Comm:
         return self._coll.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op)
 
     @_doc(Collectives.Scan)
-    async def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+    async def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
+                   timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Scan, (sendbuf, recvbuf, op), timeout, "Scan")
         await self._coll.Scan(sendbuf, recvbuf, op)
 
     @_doc(Collectives.Exscan)
-    async def Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+    async def Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
+                     timeout: float | None = None) -> None:
+        if timeout is not None:
+            return await self._deadline(self._coll.Exscan, (sendbuf, recvbuf, op),
+                                        timeout, "Exscan")
         await self._coll.Exscan(sendbuf, recvbuf, op)
 
     @_doc(Collectives.Iscan)
@@ -708,8 +794,45 @@ class Comm:
     @_doc(Collectives.barrier)
     async def barrier(self, *, timeout: float | None = None) -> None:
         if timeout is not None:
-            check_timeout(timeout, "barrier")
-        await self._coll.barrier(timeout=timeout)
+            return await self._deadline(self._coll.barrier, (), timeout, "barrier")
+        await self._coll.barrier()
+
+    async def _deadline(self, call: Callable[..., Any], args: tuple[Any, ...],
+                        timeout: Any, what: str) -> Any:
+        """Collective ``call(*args)`` within ``timeout`` seconds. When it runs out, the
+        ranks' collectives are out of step for good (this rank gave up on one the
+        others may still be in, or were never in): this communicator takes no further
+        collective and says why, while point-to-point goes on working. What the
+        abandoned collective had posted is withdrawn (its buffers are not written
+        afterwards).
+
+        Raises
+        ------
+        CommTimeoutError
+            ``timeout`` ran out.
+        ValueError, TypeError
+            A bad ``timeout`` (before any I/O).
+        """
+        check_timeout(timeout, what)
+        coll = self._coll
+        deadline = asyncio.timeout(timeout)
+        try:
+            async with deadline:
+                res = call(*args)
+                if res is DONE:
+                    return None
+                return await res
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+        if self._coll is coll:
+            self._coll = _OutOfStep(
+                f"{what} timed out after {timeout:g} s on rank {self.rank}, so the ranks' "
+                "collectives on this communicator are out of step: it takes no further "
+                "collective (point-to-point still works; close it, or use another "
+                "communicator)")
+        raise CommTimeoutError(f"{what} did not complete within {timeout:g} s; this "
+                               "communicator takes no further collective")
 
     @_doc(Collectives.ibarrier)
     def ibarrier(self) -> Request:
@@ -718,37 +841,58 @@ class Comm:
     Ibarrier = ibarrier
 
     @_doc(Collectives.bcast)
-    async def bcast(self, obj: Any, root: int = 0) -> Any:
+    async def bcast(self, obj: Any, root: int = 0, *, timeout: float | None = None) -> Any:
+        if timeout is not None:
+            return await self._deadline(self._coll.bcast, (obj, root), timeout, "bcast")
         return await self._coll.bcast(obj, root)
 
     @_doc(Collectives.reduce)
-    async def reduce(self, obj: Any, op: Any = SUM, root: int = 0) -> Any:
+    async def reduce(self, obj: Any, op: Any = SUM, root: int = 0, *,
+                     timeout: float | None = None) -> Any:
+        if timeout is not None:
+            return await self._deadline(self._coll.reduce, (obj, op, root), timeout, "reduce")
         return await self._coll.reduce(obj, op, root)
 
     @_doc(Collectives.allreduce)
-    async def allreduce(self, obj: Any, op: Any = SUM) -> Any:
+    async def allreduce(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
+        if timeout is not None:
+            return await self._deadline(self._coll.allreduce, (obj, op), timeout, "allreduce")
         return await self._coll.allreduce(obj, op)
 
     @_doc(Collectives.gather)
-    async def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+    async def gather(self, obj: Any, root: int = 0, *,
+                     timeout: float | None = None) -> list[Any] | None:
+        if timeout is not None:
+            return await self._deadline(self._coll.gather, (obj, root), timeout, "gather")
         return await self._coll.gather(obj, root)
 
     @_doc(Collectives.allgather)
-    async def allgather(self, obj: Any) -> list[Any]:
+    async def allgather(self, obj: Any, *, timeout: float | None = None) -> list[Any]:
+        if timeout is not None:
+            return await self._deadline(self._coll.allgather, (obj,), timeout, "allgather")
         return await self._coll.allgather(obj)
 
     @_doc(Collectives.scatter)
-    async def scatter(self, objs: Sequence[Any] | None, root: int = 0) -> Any:
+    async def scatter(self, objs: Sequence[Any] | None, root: int = 0, *,
+                      timeout: float | None = None) -> Any:
+        if timeout is not None:
+            return await self._deadline(self._coll.scatter, (objs, root), timeout, "scatter")
         return await self._coll.scatter(objs, root)
 
     @_doc(Collectives.alltoall)
-    async def alltoall(self, objs: Sequence[Any]) -> list[Any]:
+    async def alltoall(self, objs: Sequence[Any], *, timeout: float | None = None) -> list[Any]:
+        if timeout is not None:
+            return await self._deadline(self._coll.alltoall, (objs,), timeout, "alltoall")
         return await self._coll.alltoall(objs)
 
     @_doc(Collectives.scan)
-    async def scan(self, obj: Any, op: Any = SUM) -> Any:
+    async def scan(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
+        if timeout is not None:
+            return await self._deadline(self._coll.scan, (obj, op), timeout, "scan")
         return await self._coll.scan(obj, op)
 
     @_doc(Collectives.exscan)
-    async def exscan(self, obj: Any, op: Any = SUM) -> Any:
+    async def exscan(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
+        if timeout is not None:
+            return await self._deadline(self._coll.exscan, (obj, op), timeout, "exscan")
         return await self._coll.exscan(obj, op)

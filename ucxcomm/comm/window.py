@@ -17,6 +17,14 @@ Atomicity (MPI: accumulates are atomic element-wise with respect to each other):
 Passive-target locks (``Lock``/``Unlock``) are a reader-writer lock word per rank, also
 taken with remote atomics.
 
+Every blocking call takes ``timeout=`` (seconds; None: no limit) and raises
+:class:`~ucxcomm.CommTimeoutError` when it runs out. Waits for a remote lock (``Lock``,
+the accumulate lock of non-native accumulates) give up between attempts, so no lock is
+left taken; a data movement that timed out may still read its origin buffer until the
+next ``Flush`` of that rank; a ``Fence``, ``Free`` or creation that timed out leaves the
+communicator's collectives out of step (it takes no further collective). ``async with``
+frees the window at the end (``abort()`` when the block raised).
+
 Memory is registered and reached through the communicator's transport
 (:class:`~ucxcomm.transport.base.Transport`: ``register`` gives a ``Region``,
 ``remote_memory`` a ``Remote``); nothing else of the transport is used.
@@ -33,8 +41,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._buffers import typed_flat
-from ..errors import ClosedError, PeerFailure, WindowError
+from ..errors import ClosedError, CommTimeoutError, PeerFailure, WindowError
 from .collectives import _ufunc
+from .group import check_timeout, with_timeout
 from .ops import BAND, BOR, BXOR, NO_OP, REPLACE, SUM, Op
 
 if TYPE_CHECKING:  # annotations only: importing ucxcomm must not load the transport
@@ -68,6 +77,30 @@ YIELD_S = 1e-3
 _monotonic = time.monotonic
 
 
+class _Deadline:
+    """A call's ``timeout=`` as a point in time: what is left of it, and a check that
+    raises :class:`~ucxcomm.CommTimeoutError` once it passed (for the calls that must
+    not be cancelled half way: taking a remote lock)."""
+
+    __slots__ = ("end", "timeout", "what")
+
+    def __init__(self, timeout: Any, what: str) -> None:
+        check_timeout(timeout, what)
+        self.timeout, self.what = timeout, what
+        self.end = None if timeout is None else _monotonic() + timeout
+
+    def left(self) -> float | None:
+        return None if self.end is None else max(0.0, self.end - _monotonic())
+
+    def check(self) -> None:
+        if self.end is not None and _monotonic() >= self.end:
+            raise CommTimeoutError(f"{self.what} did not complete within "
+                                   f"{self.timeout:g} s")
+
+
+_NO_DEADLINE = _Deadline(None, "")
+
+
 def _native(op: Op, dt: np.dtype) -> bool:
     return dt in _INT_AMO and (op in _NATIVE or op is NO_OP)
 
@@ -99,7 +132,8 @@ class Win:
 
     # ------------------------------------------------------------ creation
     @classmethod
-    async def Allocate(cls, comm: Comm, nbytes: int, disp_unit: int = 1) -> Win:
+    async def Allocate(cls, comm: Comm, nbytes: int, disp_unit: int = 1, *,
+                       timeout: float | None = None) -> Win:
         """Collective: allocate ``nbytes`` (zeroed) on every rank and expose them.
         ``win.memory`` is this rank's part (a writable numpy uint8 array, valid until
         :meth:`Free`). The memory comes from UCX, shared-memory capable: ranks on the same
@@ -107,16 +141,20 @@ class Win:
         the target's help."""
         if type(nbytes) is not int or nbytes < 0:
             raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
-        return await cls._make(comm, None, disp_unit, nbytes)
+        return await cls._make(comm, None, disp_unit, nbytes,
+                               deadline=_Deadline(timeout, "Win.Allocate"))
 
     @classmethod
-    async def Create(cls, comm: Comm, buf: Any, disp_unit: int = 1) -> Win:
+    async def Create(cls, comm: Comm, buf: Any, disp_unit: int = 1, *,
+                     timeout: float | None = None) -> Win:
         """Collective: expose ``buf`` (a writable, contiguous buffer) on every rank."""
         typed_flat(buf, writable=True, what="Win.Create buffer")  # checks, no I/O
-        return await cls._make(comm, buf, disp_unit)
+        return await cls._make(comm, buf, disp_unit,
+                               deadline=_Deadline(timeout, "Win.Create"))
 
     @classmethod
-    async def _make(cls, comm: Comm, buf: Any, disp_unit: int, nbytes: int = 0) -> Win:
+    async def _make(cls, comm: Comm, buf: Any, disp_unit: int, nbytes: int = 0,
+                    deadline: _Deadline = _NO_DEADLINE) -> Win:
         """``buf`` None: allocate ``nbytes`` through the transport."""
         transport = comm.group.transport
         if type(disp_unit) is not int or disp_unit < 1:
@@ -136,7 +174,12 @@ class Win:
             self.memory = buf
         mine = (self._region.rkey, self._region.address, self._region.nbytes,
                 self._ctrl_region.rkey, self._ctrl_region.address, disp_unit)
-        infos = await comm.allgather(mine)
+        try:
+            infos = await comm.allgather(mine, timeout=deadline.left())
+        except BaseException:
+            self._region.close()
+            self._ctrl_region.close()
+            raise
         # Labelled with the owner's world rank: a wait on a dead rank's memory raises
         # PeerFailure (UCX may never finish it).
         owners = comm.group.members
@@ -149,8 +192,8 @@ class Win:
         # aborts a process that receives connection setup from a peer that died
         # meanwhile (seen in CI: a rank dying right after creating a window).
         for rm in self._ctl:  # (the data keys use the same endpoints)
-            await rm.wireup()
-        await comm.barrier()
+            await with_timeout(rm.wireup(), deadline.left(), deadline.what)
+        await comm.barrier(timeout=deadline.left())
         self._held = {}  # rank -> exclusive?
         self._closed = False
         return self
@@ -183,9 +226,14 @@ class Win:
         return off
 
     # ------------------------------------------------------------ data movement
-    async def Put(self, origin: Any, target_rank: int, target_disp: int = 0) -> None:
+    async def Put(self, origin: Any, target_rank: int, target_disp: int = 0, *,
+                  timeout: float | None = None) -> None:
         """Write ``origin`` into ``target_rank``'s window at ``target_disp``; returns when
         ``origin`` may be reused (visible at the target after Flush/Unlock/Fence)."""
+        if timeout is not None:
+            check_timeout(timeout, "Put")
+            return await with_timeout(self.Put(origin, target_rank, target_disp), timeout,
+                                      "Put")
         r = self._check(target_rank)
         if type(origin) is _ndarray and origin.flags.c_contiguous and \
                 not origin.dtype.hasobject:
@@ -195,8 +243,13 @@ class Win:
         off = self._offset(r, target_disp, arr.nbytes, "Put")
         await self._mem[r].put(arr, off)
 
-    async def Get(self, origin: Any, target_rank: int, target_disp: int = 0) -> None:
+    async def Get(self, origin: Any, target_rank: int, target_disp: int = 0, *,
+                  timeout: float | None = None) -> None:
         """Read ``len(origin)`` bytes of ``target_rank``'s window into ``origin``."""
+        if timeout is not None:
+            check_timeout(timeout, "Get")
+            return await with_timeout(self.Get(origin, target_rank, target_disp), timeout,
+                                      "Get")
         r = self._check(target_rank)
         if type(origin) is _ndarray and origin.flags.c_contiguous and \
                 origin.flags.writeable and not origin.dtype.hasobject:
@@ -207,18 +260,21 @@ class Win:
         await self._mem[r].get(arr, off)
 
     async def Accumulate(self, origin: Any, target_rank: int, target_disp: int = 0,
-                         op: Op = SUM) -> None:
+                         op: Op = SUM, *, timeout: float | None = None) -> None:
         """``target = op(target, origin)`` element-wise, atomically per element."""
-        await self._accumulate(origin, None, target_rank, target_disp, op, "Accumulate")
+        await self._accumulate(origin, None, target_rank, target_disp, op,
+                               _Deadline(timeout, "Accumulate"))
 
     async def Get_accumulate(self, origin: Any, result: Any, target_rank: int,
-                             target_disp: int = 0, op: Op = SUM) -> None:
+                             target_disp: int = 0, op: Op = SUM, *,
+                             timeout: float | None = None) -> None:
         """Like :meth:`Accumulate`, and ``result`` receives the previous target values."""
         await self._accumulate(origin, result, target_rank, target_disp, op,
-                               "Get_accumulate")
+                               _Deadline(timeout, "Get_accumulate"))
 
     async def _accumulate(self, origin: Any, result: Any, target_rank: int,
-                          target_disp: int, op: Op, what: str) -> None:
+                          target_disp: int, op: Op, deadline: _Deadline) -> None:
+        what = deadline.what
         r = self._check(target_rank)
         if not isinstance(op, Op) or (op.ufunc is None and op not in (REPLACE, NO_OP)):
             raise TypeError(f"{what}: op must be an element-wise ucxcomm.Op, got {op!r}")
@@ -234,21 +290,24 @@ class Win:
         off = self._offset(r, target_disp, src.nbytes, what)
         if _native(op, dt):  # one remote atomic per element, all in flight together
             values = [0] * src.size if op is NO_OP else src.tolist()
-            olds = await self._mem[r].atomic_many(_FOP[op], values, off, dt,
-                                                  fetch=res is not None)
+            olds = await with_timeout(
+                self._mem[r].atomic_many(_FOP[op], values, off, dt, fetch=res is not None),
+                deadline.left(), what)
             if res is not None:
                 res[...] = olds
             return
-        await self._locked_update(r, off, src, res, op)
+        await self._locked_update(r, off, src, res, op, deadline)
 
     @contextlib.asynccontextmanager
-    async def _acc_lock(self, r: int) -> AsyncIterator[Remote]:
+    async def _acc_lock(self, r: int, deadline: _Deadline) -> AsyncIterator[Remote]:
         """Hold rank ``r``'s accumulate lock (a remote CAS spin lock); yields its memory.
-        Updates made inside are flushed before the lock is released."""
+        Updates made inside are flushed before the lock is released. ``deadline`` is
+        checked between attempts (never inside one: a lock won must be known)."""
         ctl, mem = self._ctl[r], self._mem[r]
         attempt = 0
         mine = self.comm.rank + 1  # the holder, so that waiters see when it dies
         while (old := await ctl.atomic("cswap", mine, 8, np.int64, compare=0)) != 0:
+            deadline.check()
             if self._dead(r):
                 raise PeerFailure(f"accumulate: rank {r} died", peer=r)
             if 0 < old <= len(self._mem) and self._dead(old - 1):
@@ -264,9 +323,9 @@ class Win:
             await ctl.flush()
 
     async def _locked_update(self, r: int, off: int, src: np.ndarray, res: Any,
-                             op: Op) -> None:
+                             op: Op, deadline: _Deadline) -> None:
         """get-op-put under rank ``r``'s accumulate lock (atomic w.r.t. the others)."""
-        async with self._acc_lock(r) as mem:
+        async with self._acc_lock(r, deadline) as mem:
             cur = np.empty_like(src)
             await mem.get(cur, off)
             if res is not None:
@@ -281,9 +340,18 @@ class Win:
             await mem.put(new, off)
 
     async def Fetch_and_op(self, value: Any, target_rank: int, target_disp: int = 0,
-                           op: Op = SUM, dtype: Any = np.int64) -> Any:
+                           op: Op = SUM, dtype: Any = np.int64, *,
+                           timeout: float | None = None) -> Any:
         """Apply ``op`` with ``value`` to one element; returns the previous value."""
         amo = _FOP.get(op) if dtype in _INT_AMO_KEYS else None
+        if timeout is not None:
+            deadline = _Deadline(timeout, "Fetch_and_op")
+            if amo is not None:
+                return await with_timeout(self.Fetch_and_op(value, target_rank,
+                                                            target_disp, op, dtype),
+                                          timeout, "Fetch_and_op")
+        else:
+            deadline = _NO_DEADLINE
         if amo is not None:  # the common case, kept short: one remote atomic
             r = self._check(target_rank)
             size = _INT_AMO_KEYS[dtype]
@@ -292,51 +360,66 @@ class Win:
         dt = np.dtype(dtype)
         src = np.array([value], dtype=dt)
         res = np.empty(1, dtype=dt)
-        await self._accumulate(src, res, target_rank, target_disp, op, "Fetch_and_op")
+        if deadline is _NO_DEADLINE:
+            deadline = _Deadline(None, "Fetch_and_op")
+        await self._accumulate(src, res, target_rank, target_disp, op, deadline)
         return res[0].item()
 
     async def Compare_and_swap(self, value: Any, compare: Any, target_rank: int,
-                               target_disp: int = 0, dtype: Any = np.int64) -> Any:
+                               target_disp: int = 0, dtype: Any = np.int64, *,
+                               timeout: float | None = None) -> Any:
         """Write ``value`` if the element equals ``compare``; returns the old value."""
+        deadline = _Deadline(timeout, "Compare_and_swap")
         r = self._check(target_rank)
         dt = np.dtype(dtype)
         off = self._offset(r, target_disp, dt.itemsize, "Compare_and_swap")
         if dt in _INT_AMO:
-            return await self._mem[r].atomic("cswap", value, off, dt, compare=compare)
+            return await with_timeout(
+                self._mem[r].atomic("cswap", value, off, dt, compare=compare),
+                deadline.left(), "Compare_and_swap")
         src = np.array([value], dtype=dt)
         res = np.empty(1, dtype=dt)
-        async with self._acc_lock(r) as mem:
+        async with self._acc_lock(r, deadline) as mem:
             await mem.get(res, off)
             if res[0] == np.array(compare, dtype=dt):
                 await mem.put(src, off)
         return res[0].item()
 
     # ------------------------------------------------------------ synchronization
-    async def Flush(self, rank: int) -> None:
+    async def Flush(self, rank: int, *, timeout: float | None = None) -> None:
         """Complete, at ``rank``, every operation this rank issued to it.
 
         Raises
         ------
         PeerFailure
             ``rank`` died (what was issued to it may not have landed).
+        CommTimeoutError
         """
         r = self._check(rank)
+        if timeout is not None:
+            check_timeout(timeout, "Flush")
         if _monotonic() >= self._yield_at:
             await self._let_loop_run()
         if self._dead(r):
             raise PeerFailure(f"Flush: rank {r} died", peer=r)
-        await self._mem[r].flush()
+        await with_timeout(self._mem[r].flush(), timeout, "Flush")
 
-    async def Flush_all(self) -> None:
+    async def Flush_all(self, *, timeout: float | None = None) -> None:
+        """:meth:`Flush` every rank."""
+        deadline = _Deadline(timeout, "Flush_all")
         for r in range(len(self._mem)):
-            await self.Flush(r)
+            await self.Flush(r, timeout=deadline.left())
 
-    async def Fence(self) -> None:
-        """Complete all of this rank's operations, then synchronize all ranks."""
-        await self.Flush_all()
-        await self.comm.barrier()
+    async def Fence(self, *, timeout: float | None = None) -> None:
+        """Complete all of this rank's operations, then synchronize all ranks
+        (collective: one that timed out leaves the communicator's collectives out of
+        step)."""
+        deadline = _Deadline(timeout, "Fence")
+        await self.Flush_all(timeout=deadline.left())
+        await self.comm.barrier(timeout=deadline.left())
 
-    async def Lock(self, rank: int, exclusive: bool = True) -> None:
+    async def Lock(self, rank: int, exclusive: bool = True, *,
+                   timeout: float | None = None) -> None:
         """Passive-target lock on ``rank`` (exclusive: alone; shared: with other shared
         holders). Waits while it is held incompatibly.
 
@@ -345,7 +428,11 @@ class Win:
         PeerFailure
             ``rank`` died, or a rank that holds its lock (or may: shared holders are
             not named) died while this one waited.
+        CommTimeoutError
+            Still held by others after ``timeout`` seconds (checked between attempts:
+            the lock is not taken).
         """
+        deadline = _Deadline(timeout, "Lock")
         r = self._check(rank)
         if r in self._held:
             raise RuntimeError(f"rank {r} is already locked by this rank")
@@ -359,6 +446,7 @@ class Win:
             mine = _EXCL | self.comm.rank << _HOLDER_SHIFT
             while (old := await ctl.atomic("cswap", mine, 0, np.int64, compare=0)) != 0:
                 self._check_holders(r, old, "Lock")
+                deadline.check()
                 await _backoff(attempt)
                 attempt += 1
         else:
@@ -368,6 +456,7 @@ class Win:
                     break
                 await ctl.atomic("add", -1, 0, np.int64, fetch=False)
                 self._check_holders(r, old, "Lock")
+                deadline.check()
                 await _backoff(attempt)
                 attempt += 1
         self._held[r] = exclusive
@@ -393,7 +482,7 @@ class Win:
                     raise PeerFailure(f"{what}: rank {q} died while the lock on rank {r} "
                                       "was held (it may have been a holder)", peer=q)
 
-    async def Unlock(self, rank: int) -> None:
+    async def Unlock(self, rank: int, *, timeout: float | None = None) -> None:
         """Complete this rank's operations at ``rank`` and release the lock.
 
         Raises
@@ -401,7 +490,12 @@ class Win:
         PeerFailure
             ``rank`` died (what was issued to it may not have landed); the lock is
             released here all the same.
+        CommTimeoutError
+            The release did not complete within ``timeout`` seconds (it goes on: this
+            rank no longer holds the lock).
         """
+        if timeout is not None:
+            check_timeout(timeout, "Unlock")
         r = self._check(rank)
         if r not in self._held:
             raise RuntimeError(f"rank {r} is not locked by this rank")
@@ -412,7 +506,7 @@ class Win:
             raise PeerFailure(f"Unlock: rank {r} died", peer=r)
         # Shielded: once this rank has forgotten the lock, a cancellation of the caller
         # must not leave the lock word set at the target (every other rank would spin).
-        await asyncio.shield(self._release(r, exclusive))
+        await with_timeout(asyncio.shield(self._release(r, exclusive)), timeout, "Unlock")
 
     async def _release(self, r: int, exclusive: bool) -> None:
         await self._mem[r].flush()
@@ -421,18 +515,27 @@ class Win:
         await ctl.atomic("add", -mine, 0, np.int64, fetch=False)
         await ctl.flush()
 
-    async def Lock_all(self) -> None:
-        """Shared lock on every rank."""
-        for r in range(len(self._mem)):
-            await self.Lock(r, exclusive=False)
+    async def Lock_all(self, *, timeout: float | None = None) -> None:
+        """Shared lock on every rank (one that times out releases those it took)."""
+        deadline = _Deadline(timeout, "Lock_all")
+        taken = []
+        try:
+            for r in range(len(self._mem)):
+                await self.Lock(r, exclusive=False, timeout=deadline.left())
+                taken.append(r)
+        except CommTimeoutError:
+            for r in taken:
+                await self.Unlock(r)
+            raise
 
-    async def Unlock_all(self) -> None:
+    async def Unlock_all(self, *, timeout: float | None = None) -> None:
         """Unlock every rank this rank holds locked (all of them, also when one raises
         ``PeerFailure``: the first such error is raised at the end)."""
+        deadline = _Deadline(timeout, "Unlock_all")
         failure: PeerFailure | None = None
         for r in list(self._held):
             try:
-                await self.Unlock(r)
+                await self.Unlock(r, timeout=deadline.left())
             except PeerFailure as exc:
                 failure = failure or exc
         if failure is not None:
@@ -454,17 +557,38 @@ class Win:
         yield self
         await self.Fence()
 
-    async def Free(self) -> None:
-        """Collective: wait for every rank, then release the registrations."""
+    async def Free(self, *, timeout: float | None = None) -> None:
+        """Collective: wait for every rank, then release the registrations (released
+        also when the wait fails or times out; a timeout leaves the communicator's
+        collectives out of step)."""
         if self._closed:
             return
-        await self.Flush_all()
-        await self.comm.barrier()
+        deadline = _Deadline(timeout, "Free")
+        try:
+            await self.Flush_all(timeout=deadline.left())
+            await self.comm.barrier(timeout=deadline.left())
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Release this rank's part at once, without waiting for the others (safe in
+        ``finally``; other ranks' operations on it fail). Idempotent."""
+        if self._closed:
+            return
         self._closed = True
         for rm in self._mem + self._ctl:
             rm.close()
         self._region.close()
         self._ctrl_region.close()
+
+    async def __aenter__(self) -> Win:
+        return self
+
+    async def __aexit__(self, exc_type: Any, *exc: object) -> None:
+        if exc_type is None:
+            await self.Free()
+        else:
+            self.abort()
 
     def transport_info(self) -> dict[int, list[tuple[str, str]]]:
         """The UCX (transport, device) lanes that carry this window's one-sided traffic
