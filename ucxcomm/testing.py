@@ -200,6 +200,18 @@ def run_ranks(commands: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str
     return [out for out, _ in outs]
 
 
+async def refuses_timeout(call: Callable[[Any], Awaitable[Any]], bad: Any,
+                          exc_type: type[BaseException]) -> None:
+    """``await call(bad)`` must raise ``exc_type`` naming the timeout (a bad
+    ``timeout=``, refused at the call)."""
+    try:
+        await call(bad)
+    except exc_type as exc:
+        assert "timeout" in str(exc), exc
+    else:
+        raise AssertionError(f"timeout={bad!r} accepted by {call}")
+
+
 class Cases:
     """A registry of SPMD cases: coroutine functions ``case(comm)`` that every rank runs.
 
