@@ -13,6 +13,7 @@ __all__ = [
     "UcxCommError",
     "UnsupportedError",
     "WindowError",
+    "copy_of",
 ]
 
 
@@ -46,6 +47,13 @@ class ProtocolError(PeerFailure):
     A :class:`PeerFailure`: code that handles a peer going away handles a misbehaving
     one too. What it says is about the peer, never about this process's input.
     """
+
+
+def copy_of(exc: PeerFailure) -> PeerFailure:
+    """A new exception of ``exc``'s type, message and peer: what is kept to be raised
+    by every later call is raised as a copy (an instance raised again and again holds
+    every frame it passed through, and what they reference)."""
+    return type(exc)(str(exc), peer=exc.peer)
 
 
 class CommTimeoutError(UcxCommError, TimeoutError):

@@ -20,7 +20,14 @@ from typing import Any, NamedTuple, Protocol
 
 from .._net import watch_liveness
 from .._serialize import CODECS, decode_header, encode, loads
-from ..errors import ClosedError, PeerFailure, ProtocolError, TruncationError, UcxCommError
+from ..errors import (
+    ClosedError,
+    PeerFailure,
+    ProtocolError,
+    TruncationError,
+    UcxCommError,
+    copy_of,
+)
 from . import _ucx
 from .base import FULL_MASK, Link, Peers, RecvResult, Region, Remote, Target
 from .pool import BufferPool
@@ -116,7 +123,8 @@ def _forget(worker: Any, peer: Any) -> None:
 def _drain(worker: Any, ns: int, quiet: int, label: str) -> None:
     """Receive and drop what the peer of a finished connection sent that nobody
     received (UCX keeps unexpected messages until they are received: a client that
-    flooded a tag nobody reads held that memory for good). Again after
+    flooded a tag nobody reads held that memory for good). A function, not a method:
+    its timers must not keep the endpoint, and what its failure holds, alive. Again after
     ``_DRAIN_AGAIN_S[quiet]`` (messages in flight at close); as long as messages keep
     coming (a peer that goes on sending), every ``_DRAIN_AGAIN_S[0]``."""
     if worker.closed:
@@ -266,8 +274,7 @@ class Endpoint(Link):
         connection from the peer's side (a kept, raised exception would hold the frames
         it passed through), or ClosedError when we closed it."""
         r = self._reason
-        return type(r)(str(r), peer=r.peer) if r is not None else \
-            ClosedError("the endpoint is closed")
+        return copy_of(r) if r is not None else ClosedError("the endpoint is closed")
 
     def isend_raw(self, target: tuple[Any, int, Any, bool], tag: int) -> Any:
         """Like :meth:`isend` for a target prepared by ``Worker.send_ptr``."""
@@ -704,7 +711,7 @@ class Endpoint(Link):
             self._watch.cancel()
             self._watch = None
         if self._recv_ns is not None and not self._worker.closed:
-            self._drain(self._recv_ns, 0)
+            _drain(self._worker, self._recv_ns, 0, self._label())
         if self._on_end is not None:  # (a connection: its label is never used again)
             on_end, self._on_end = self._on_end, None
             on_end(self)
@@ -713,11 +720,6 @@ class Endpoint(Link):
             with contextlib.suppress(RuntimeError):  # (no loop: nothing waits any more)
                 asyncio.get_running_loop().call_later(_FORGET_S, _forget, self._worker,
                                                       self.peer)
-
-    def _drain(self, ns: int, quiet: int) -> None:
-        """See :func:`_drain` (module level: its timers must not keep the endpoint,
-        and what its failure's traceback holds, alive)."""
-        _drain(self._worker, ns, quiet, self._label())
 
     async def close(self, timeout: float = 1.0) -> None:
         """Let sends in flight on this endpoint finish (at most ``timeout`` seconds),

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._serialize import decode_dtype, dumps_small, encode_dtype, loads_small
-from ..errors import ClosedError, PeerFailure, ProtocolError
+from ..errors import ClosedError, PeerFailure, ProtocolError, copy_of
 from .base import FULL_MASK
 from .pool import BufferPool
 
@@ -186,7 +186,7 @@ class StreamWriter:
         self._credits = 0
         self._credit_lock = asyncio.Lock()
         self._closed = False
-        self._reason: BaseException | None = None
+        self._reason: PeerFailure | None = None
         self._last: tuple[Any, bytes] = (None, b"")  # (specs, header) of the last batch
         #: Batches sent so far.
         self.sent = 0
@@ -197,7 +197,8 @@ class StreamWriter:
 
     def _check(self) -> None:
         if self._closed:
-            raise _fresh(self._reason) or ClosedError("the stream writer is closed")
+            raise copy_of(self._reason) if self._reason else \
+                ClosedError("the stream writer is closed")
         self._ep._check_open()
 
     async def _acquire(self) -> None:
@@ -289,7 +290,7 @@ class StreamWriter:
         if fut is not None:
             await self._ep._worker.complete(fut)
 
-    def abort(self, reason: BaseException | None = None) -> None:
+    def abort(self, reason: PeerFailure | None = None) -> None:
         """Stop using the writer at once, without telling the reader (idempotent).
         ``reason``: what later calls raise instead of ClosedError (the connection's
         end)."""
@@ -418,7 +419,7 @@ class StreamReader:
         self._seq = 0
         self._closed = False
         self._ended = False  # the end of the stream (or an error) is queued
-        self._reason: BaseException | None = None  # why it was aborted, if not by us
+        self._reason: PeerFailure | None = None  # why it was aborted, if not by us
         self._last: tuple[Any, Any] = (b"", None)  # the last header and its contents
         self._grant(window)
         self._post_header()
@@ -569,7 +570,8 @@ class StreamReader:
             that could only hang.
         """
         if self._closed:
-            raise _fresh(self._reason) or ClosedError("the stream reader is closed")
+            raise copy_of(self._reason) if self._reason else \
+                ClosedError("the stream reader is closed")
         queue = self._queue
         worker = self._worker
         while not queue:
@@ -591,7 +593,8 @@ class StreamReader:
             finally:
                 self._arrived = None
             if self._closed:
-                raise _fresh(self._reason) or ClosedError("the stream reader was closed")
+                raise copy_of(self._reason) if self._reason else \
+                ClosedError("the stream reader was closed")
         item = queue.popleft()
         if item is _ENDED:
             queue.appendleft(item)
@@ -640,7 +643,7 @@ class StreamReader:
         return batch
 
     # --------------------------------------------------------------- close
-    def abort(self, reason: BaseException | None = None) -> None:
+    def abort(self, reason: PeerFailure | None = None) -> None:
         """Stop at once (idempotent): receives are withdrawn, batches not yet handed out
         are dropped (their buffers are not reused), the writer is not told. ``reason``:
         what later calls raise instead of ClosedError (the connection's end)."""
@@ -675,19 +678,6 @@ class StreamReader:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _fresh(exc: BaseException | None) -> BaseException | None:
-    """A new exception like ``exc`` (raising a kept instance again and again would make
-    it hold every frame it passed through); None for None."""
-    if exc is None:
-        return None
-    try:
-        if isinstance(exc, PeerFailure):
-            return type(exc)(str(exc), peer=exc.peer)
-        return type(exc)(str(exc))
-    except TypeError:  # (an exception type with another signature)
-        return exc
 
 
 def _quiet(fut: asyncio.Future) -> None:
