@@ -147,6 +147,22 @@ def scenario_ops(gloo):
         dist.all_gather_into_tensor(out, inputs(8, torch.int32, 51), group=g)
         return out
     check("all_gather_into_tensor", agt, gloo)
+
+    def agc(g):  # torch's layout: one output list per rank, one tensor per input
+        ins = [inputs((2, 3), torch.float32, 52), inputs(5, torch.float32, 53),
+               inputs(0, torch.float32, 54), inputs(4, torch.complex64, 55)]
+        outs = [[torch.empty_like(t) for t in ins] for _ in range(size)]
+        dist.all_gather_coalesced(outs, ins, group=g)
+        return [t for lst in outs for t in lst]
+    check("all_gather_coalesced", agc, gloo)  # (issue 33: it raised ValueError)
+    for outs, words in (([[torch.empty(3)]] * (size + 1), f"{size} output lists"),
+                        ([[torch.empty(3)]] * (size - 1) + [[]], "one tensor per input")):
+        try:
+            dist.all_gather_coalesced(outs, [torch.ones(3)])
+        except ValueError as exc:
+            assert words in str(exc), (words, str(exc))
+        else:
+            raise AssertionError(f"no error for {words}")
     # Uneven all_gather (gloo needs equal sizes): against what every rank sent.
     outs = [torch.empty(r + 1, dtype=torch.int64) for r in range(size)]
     dist.all_gather(outs, torch.arange(rank + 1, dtype=torch.int64) + 100 * rank)

@@ -582,13 +582,22 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
                             input_list: list[torch.Tensor], opts: Any = None) -> Work:
-        if len(output_lists) != len(input_list):
-            raise ValueError("ucxcomm allgather_coalesced: one output list per input")
+        """``output_lists[r][i]`` receives rank ``r``'s ``input_list[i]`` (torch's
+        layout: one list per rank, one tensor per input); one all_gather per input."""
+        what = "all_gather_coalesced"
+        if len(output_lists) != self._size:
+            raise ValueError(f"ucxcomm {what}: expected {self._size} output lists (one "
+                             f"per rank), got {len(output_lists)}")
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(input_list):
+                raise ValueError(f"ucxcomm {what}: output list {r} has {len(outs)} "
+                                 f"tensors; expected one tensor per input "
+                                 f"({len(input_list)})")
 
         def calls() -> None:
-            for outs, inp in zip(output_lists, input_list, strict=True):
-                self.allgather([outs], [inp], opts)
-        return self._several("allgather_coalesced", calls, opts)
+            for i, inp in enumerate(input_list):
+                self.allgather([[outs[i] for outs in output_lists]], [inp], opts)
+        return self._several(what, calls, opts)
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> Work:
