@@ -155,6 +155,13 @@ def scenario_ops(gloo):
         dist.all_gather_coalesced(outs, ins, group=g)
         return [t for lst in outs for t in lst]
     check("all_gather_coalesced", agc, gloo)  # (issue 33: it raised ValueError)
+
+    def sparse(g):  # rank r: rows 0..r (overlapping ranks), a dense dimension of 2
+        x = torch.sparse_coo_tensor(torch.arange(rank + 1).reshape(1, -1),
+                                    inputs((rank + 1, 2), torch.float64, 56), (size + 1, 2))
+        dist.all_reduce(x, group=g)
+        return x.to_dense()
+    check("sparse all_reduce", sparse, gloo)  # (issue 33: ucxcomm refused sparse tensors)
     for outs, words in (([[torch.empty(3)]] * (size + 1), f"{size} output lists"),
                         ([[torch.empty(3)]] * (size - 1) + [[]], "one tensor per input")):
         try:

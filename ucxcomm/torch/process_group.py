@@ -419,8 +419,9 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         except Exception as exc:
             if isinstance(exc, TimeoutError) and deadline.expired():
                 exc = WorkTimeoutError(
-                    f"ucxcomm {work.what}: not complete after {timeout:g} s (the group's "
-                    "timeout, init_process_group(timeout=)); the group is unusable now")
+                    f"ucxcomm {work.what}: not complete within the timeout of {timeout:g} "
+                    "s (the group's, init_process_group(timeout=), or the call's); the "
+                    "group is unusable now")
             if isinstance(exc, (WorkTimeoutError, PeerFailure)) and self._broken is None:
                 self._broken = exc  # (the collectives are out of step from here on)
             work.finish(exc)
@@ -436,6 +437,9 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor],  # type: ignore[override]
                   opts: Any = None) -> Work:
         opts = dist.AllreduceOptions() if opts is None else opts
+        if len(tensors) == 1 and isinstance(tensors[0], torch.Tensor) and \
+                tensors[0].layout == torch.sparse_coo:
+            return self._sparse_allreduce(tensors[0], opts)
         t = _one(tensors, "allreduce")
         op, avg = _op(opts.reduceOp, t.dtype, "allreduce")
         comm = self._comm
@@ -449,6 +453,32 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                             keep=r, after=(lambda: r.store(size if avg else 1))
                             if avg or r.stage is not None else None,
                             opts=opts, cuda=[t])
+
+    def _sparse_allreduce(self, t: torch.Tensor, opts: Any) -> Work:
+        """SUM of sparse COO tensors (as gloo offers): every rank's indices and values
+        gathered, in rank order, then summed by ``coalesce()``; ``t`` takes the sum."""
+        what = "allreduce"
+        if getattr(opts.reduceOp, "op", opts.reduceOp) != _R.SUM:
+            raise ValueError(f"ucxcomm {what}: sparse tensors support SUM only")
+        if t.device.type != "cpu":
+            raise ValueError(f"ucxcomm {what}: sparse tensors must be on the CPU")
+        if t.dtype not in _REDUCIBLE or t.dtype == torch.bool:
+            raise ValueError(f"ucxcomm {what}: cannot reduce sparse {t.dtype} tensors")
+        mine = t.detach().coalesce()
+        idx, vals = mine.indices().numpy(), mine.values().numpy()
+        parts: list[Any] = []
+
+        async def start() -> None:
+            parts.extend(await self._comm.allgather((idx, vals)))
+
+        def after() -> None:
+            total = torch.sparse_coo_tensor(
+                torch.cat([torch.from_numpy(i) for i, _ in parts], dim=1),
+                torch.cat([torch.from_numpy(v) for _, v in parts]), t.shape).coalesce()
+            with torch.no_grad():  # (into t itself: a detached alias of a sparse
+                t.copy_(total)       # tensor takes new indices without t seeing them)
+        return self._submit(what, [t], start, keep=(idx, vals), after=after, opts=opts,
+                            nbytes=idx.nbytes + vals.nbytes)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         opts = dist.AllreduceCoalescedOptions() if opts is None else opts
