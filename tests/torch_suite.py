@@ -24,10 +24,10 @@ module is imported):
   it as an available backend). That is registering the features the way torch expects.
 * **Gates by name** (``BACKEND != "gloo"``, ``require_backend_is_available({"gloo"})``):
   no table to join, so the tests in :data:`LIFTED` run from a second copy of the suite's
-  module imported with ``BACKEND=gloo`` (its gates and its test bodies take gloo's path),
-  in a class whose ``_run`` (the first copy's) forms the process group on ucxcomm; a
-  lifted test that creates a group of another backend fails. docs/torch.md says why each
-  is lifted.
+  module imported with ``BACKEND=gloo`` (its gates read gloo; its bodies see ucxcomm, but
+  for :data:`GLOO_BODY`'s, which take gloo's branches too), in a class whose ``_run``
+  (the first copy's) forms the process group on ucxcomm; a lifted test that creates a
+  group of another backend fails. docs/torch.md says why each is lifted.
 
 With ``--backend gloo`` neither applies: the suite runs as torch ships it.
 """
@@ -81,6 +81,10 @@ LIFTED = (
     "test_all_reduce_sum_cuda",
     "test_broadcast_cuda",
 )
+
+#: Lifted tests whose bodies also branch on gloo by name: ``_test_accumulate_gradients_
+#: no_sync`` builds its CPU model only ``if BACKEND == "mpi" or BACKEND == "gloo"``.
+GLOO_BODY = ("test_accumulate_gradients_no_sync",)
 
 #: Always in a ``--sample`` run (CI's, tests/test_torch_suite.py): the tests behind issue
 #: 33's findings; the sample adds tests drawn from the rest with ``--seed``.
@@ -137,14 +141,19 @@ class TestSuite(_dt.TestDistBackend, _dt.DistributedTest._DistTestBase):  # type
         self._spawn_processes()
 
 
-def _lifted_suite() -> type:
-    """TestSuite's twin whose tests (gates, bodies and helpers) come from a copy of the
-    suite's module imported with ``BACKEND=gloo``: they run as torch runs them for gloo,
-    while the process group is formed by ``_dt.TestDistBackend._run`` on ucxcomm; a group
-    of another backend made during the test fails it (:func:`_only_ucxcomm_groups`)."""
-    view = _suite_module("_ucxcomm_suite_gloo_view", "gloo")
+def _lifted_suite(name: str) -> type:
+    """TestSuite's twin whose tests come from a copy of the suite's module imported with
+    ``BACKEND=gloo`` (its gates read gloo). For ``LiftedSuite`` that copy's ``BACKEND`` is
+    then set to ucxcomm, so the test bodies see ucxcomm; for ``GlooBodySuite`` (the
+    :data:`GLOO_BODY` tests) it stays gloo, so the bodies take gloo's branches too. Either
+    way the process group is formed by ``_dt.TestDistBackend._run`` on ucxcomm, and a
+    group of another backend made during the test fails it (:func:`_only_ucxcomm_groups`)."""
+    gloo_body = name == "GlooBodySuite"
+    view = _suite_module(f"_ucxcomm_suite_{name}", "gloo")
+    if not gloo_body:
+        view.BACKEND = UCXCOMM
 
-    class LiftedSuite(_dt.TestDistBackend, view.DistributedTest._DistTestBase):  # type: ignore[misc, name-defined]
+    class Lifted(_dt.TestDistBackend, view.DistributedTest._DistTestBase):  # type: ignore[misc, name-defined]
         def setUp(self) -> None:
             super().setUp()
             self._spawn_processes()
@@ -154,8 +163,14 @@ def _lifted_suite() -> type:
             _only_ucxcomm_groups()
             super()._run(*args, **kwargs)
 
-    LiftedSuite.__module__, LiftedSuite.__qualname__ = __name__, "LiftedSuite"
-    return LiftedSuite
+    Lifted.__module__, Lifted.__name__, Lifted.__qualname__ = __name__, name, name
+    return Lifted
+
+
+def _suite_class(test: str) -> type:
+    if not lifted(test):
+        return TestSuite
+    return __getattr__("GlooBodySuite" if test.startswith(GLOO_BODY) else "LiftedSuite")
 
 
 def _only_ucxcomm_groups() -> None:
@@ -176,9 +191,9 @@ def _only_ucxcomm_groups() -> None:
 def __getattr__(name: str) -> type:
     # (spawned ranks find LiftedSuite by name, like pickle does: made on first use, since
     # the second import of the suite costs a second or two per process)
-    if name == "LiftedSuite" and BACKEND == UCXCOMM:
+    if name in ("LiftedSuite", "GlooBodySuite") and BACKEND == UCXCOMM:
         if name not in globals():
-            globals()[name] = _lifted_suite()
+            globals()[name] = _lifted_suite(name)
         return globals()[name]
     raise AttributeError(name)
 
@@ -225,10 +240,11 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     if args.list:
         for n in chosen:
-            print(n, "(gloo gate lifted)" if lifted(n) else "")
+            print(n, "(gloo gate lifted)" if lifted(n) else "",
+                  "(body as for gloo)" if lifted(n) and n.startswith(GLOO_BODY) else "")
         return 0
     suite = unittest.TestSuite(
-        (__getattr__("LiftedSuite") if lifted(n) else TestSuite)(n) for n in chosen)
+        _suite_class(n)(n) for n in chosen)
     start = time.monotonic()
     result = unittest.TextTestRunner(stream=sys.stdout, verbosity=2, resultclass=_Tally,
                                      buffer=False).run(suite)
