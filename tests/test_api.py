@@ -26,7 +26,7 @@ PUBLIC_MODULES = [
     "ucxcomm.comm.window", "ucxcomm.testing", "ucxcomm.transport.base",
     "ucxcomm.transport.progress", "ucxcomm.settings", "ucxcomm.comm.group",
     "ucxcomm.transport.stream", "ucxcomm.transport.pool",
-    "ucxcomm.torch", "ucxcomm.torch.process_group",
+    "ucxcomm.torch", "ucxcomm.torch.process_group", "ucxcomm._deadline",
 ]
 
 
@@ -121,9 +121,9 @@ def test_layering():
             bad = {i for i in imports if i.startswith(("ucxcomm.comm", "ucxcomm.launch"))}
             assert not bad, f"{rel} imports {bad}"
         if rel in ("ucxcomm/errors.py", "ucxcomm/_buffers.py", "ucxcomm/_serialize.py",
-                   "ucxcomm/settings.py"):
+                   "ucxcomm/settings.py", "ucxcomm/_deadline.py"):
             bad = {i for i in imports if i.startswith("ucxcomm.")
-                   and i not in ("ucxcomm.errors", "ucxcomm.errors.UnsupportedError")}
+                   and i.split(".")[:2] != ["ucxcomm", "errors"]}
             assert not bad, f"{rel} imports {bad}"
 
 
@@ -139,3 +139,44 @@ def test_library_never_prints():
         calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
                  and isinstance(n.func, ast.Name) and n.func.id == "print"]
         assert not calls, f"{rel} calls print()"
+
+
+def test_extension_stub_matches_the_extension():
+    """``transport/_ucp.pyi`` (what mypy checks the callers against) names exactly what
+    the compiled module offers: every function and class, and every public method of
+    each class (a name added to or dropped from the .pyx without the stub fails here)."""
+    code = ("import json, inspect\n"
+            "from ucxcomm.transport import _ucx\n"
+            "_ucx.load()\n"
+            "m = _ucx.ucp\n"
+            "out = {}\n"
+            "for n, v in vars(m).items():\n"
+            "    if n.startswith('__') or inspect.ismodule(v):\n"
+            "        continue\n"
+            "    if isinstance(v, type):\n"
+            "        out[n] = sorted(k for k in vars(v) if not k.startswith('__')\n"
+            "                        and not k.startswith('_') or k in ('_engine_setup',\n"
+            "                        '_abort_ops', '_dead', '_closed'))\n"
+            "    elif callable(v) or isinstance(v, int):\n"
+            "        out[n] = None\n"
+            "print(json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    compiled = json.loads(proc.stdout)
+    compiled = {n: v for n, v in compiled.items() if not n.startswith("_")}
+    stub: dict[str, list[str] | None] = {}
+    tree = ast.parse((PKG / "transport" / "_ucp.pyi").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            stub[node.name] = sorted(
+                n.name if isinstance(n, ast.FunctionDef) else n.target.id  # type: ignore
+                for n in node.body
+                if (isinstance(n, ast.FunctionDef) and not n.name.startswith("__"))
+                or isinstance(n, ast.AnnAssign))
+        elif isinstance(node, ast.FunctionDef):
+            stub[node.name] = None
+        elif isinstance(node, ast.AnnAssign) and not node.target.id.startswith("_"):
+            stub[node.target.id] = None
+    # A subclass in the stub lists only what it adds; the extension shows its own.
+    stub["GroupCollectives"] = compiled.get("GroupCollectives")
+    assert stub == compiled

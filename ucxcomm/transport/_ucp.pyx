@@ -437,8 +437,9 @@ cdef Op _target_op(tuple t, uint64_t tag, uint64_t mask, object peers):
 cdef class TagEngine:
     """The pending tag operations of one UCX worker (see the module docstring).
 
-    A base class: :class:`ucxcomm.transport.worker.Worker` derives from it and calls
-    :meth:`_engine_setup` once its UCX worker exists. The semantics are the ones
+    Held by :class:`ucxcomm.transport.worker.Worker`, which calls :meth:`_engine_setup`
+    once its UCX worker exists and offers the public methods as its own (bound onto
+    each instance). Their types: ``_ucp.pyi``. The semantics are the ones
     docs/design.md describes (matched probes in posting order, truncation into scratch
     memory, withdrawal of unmatched receives, failure of operations on dead peers after a
     grace period).

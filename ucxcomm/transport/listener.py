@@ -50,10 +50,10 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .._deadline import check_timeout, limit
 from ..errors import (
     AuthenticationError,
     ClosedError,
-    CommTimeoutError,
     PeerFailure,
     ProtocolError,
     UcxCommError,
@@ -116,14 +116,6 @@ def _worker(loopback: bool) -> Worker:
             config = {"NET_DEVICES": "lo"}
         worker = table[loop] = Worker(config)
     return worker
-
-
-def _check_timeout(timeout: Any, what: str) -> None:
-    if timeout is not None and (isinstance(timeout, bool)
-                                or not isinstance(timeout, (int, float))
-                                or not 0 < timeout < float("inf")):
-        raise ValueError(f"{what}: timeout must be a number of seconds > 0 or None, got "
-                         f"{timeout!r}")
 
 
 def _check_port(port: Any, lowest: int, what: str) -> None:
@@ -567,7 +559,7 @@ async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *
     if not isinstance(host, str) or not host:
         raise TypeError(f"listen: host must be a non-empty str, got {host!r}")
     _check_port(port, 0, "listen")
-    _check_timeout(timeout, "listen")
+    check_timeout(timeout, "listen", zero=False)
     secret = _check_token(token, "listen")
     if secret is None and not insecure and not is_loopback(host):
         raise ValueError(f"listen: host={host!r} is reachable from other hosts; pass "
@@ -608,7 +600,7 @@ async def connect(host: str, port: int, *, token: str | bytes | None = None,
     if not isinstance(host, str) or not host:
         raise TypeError(f"connect: host must be a non-empty str, got {host!r}")
     _check_port(port, 1, "connect")
-    _check_timeout(timeout, "connect")
+    check_timeout(timeout, "connect", zero=False)
     secret = _check_token(token, "connect")
     worker = worker or _worker(is_loopback(host))
     if worker.closed:
@@ -616,7 +608,8 @@ async def connect(host: str, port: int, *, token: str | bytes | None = None,
     writer = None
     ep = None
     try:
-        async with asyncio.timeout(timeout):
+        async with limit(timeout, "connect", message=f"connecting to {host}:{port} took "
+                         f"longer than {timeout or 0:g} s"):
             try:
                 reader, writer = await asyncio.open_connection(host, port)
             except socket.gaierror as exc:
@@ -626,9 +619,6 @@ async def connect(host: str, port: int, *, token: str | bytes | None = None,
                 raise PeerFailure(f"cannot connect to {host}:{port}: refused or "
                                   f"unreachable (nothing listening there?): {exc}") from None
             ep = await _client_handshake(worker, reader, writer, secret, host, port)
-    except TimeoutError:
-        raise CommTimeoutError(f"connecting to {host}:{port} took longer than "
-                               f"{timeout:g} s") from None
     except asyncio.IncompleteReadError:
         raise PeerFailure(f"the listener at {host}:{port} closed the connection during "
                           "the handshake") from None
