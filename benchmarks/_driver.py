@@ -152,12 +152,13 @@ def bench_line(rec: dict) -> None:
 
 
 def record(results: list[dict], transport: str, out: str | None) -> None:
-    """Tag every record with the transport, append them to ``out`` (JSON lines) if
-    given, and print them."""
+    """Tag every record with the transport, append them to ``out`` (JSON lines; its
+    folder is created) if given, and print them."""
     for r in results:
         r["transport"] = transport
         r.setdefault("bound", bound(r.get("nranks", 2)))
     if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)  # e.g. results/ (not in git)
         with open(out, "a") as f:
             for r in results:
                 f.write(json.dumps(r) + "\n")

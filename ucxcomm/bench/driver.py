@@ -387,6 +387,7 @@ def run(opts: Options) -> list[dict]:
                 records.append(rec)
     progress.done()
     if opts.json_out:
+        os.makedirs(os.path.dirname(opts.json_out) or ".", exist_ok=True)
         with open(opts.json_out, "w") as f:
             for rec in records:
                 f.write(json.dumps(rec) + "\n")
