@@ -174,7 +174,7 @@ def run_pair(impl: str, schedule: str, env: dict, timeout: float, window: int = 
              ) -> tuple[list[dict], str | None]:
     """Start ``impl``'s consumer, then its producer; the producer's records and an error
     note (None when both finished)."""
-    import json
+    from .launchers import parse_records
 
     base = [sys.executable, "-m", "ucxcomm.bench.ranks_pipeline"]
     consumer = subprocess.Popen([*base, "consumer", impl, schedule, str(window)], env=env,
@@ -194,8 +194,7 @@ def run_pair(impl: str, schedule: str, env: dict, timeout: float, window: int = 
                                   stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return [], f"the producer timed out after {timeout:.0f} s"
-        recs = [json.loads(ln[6:]) for ln in prod.stdout.splitlines()
-                if ln.startswith("BENCH ")]
+        recs = parse_records(prod.stdout)
         if prod.returncode != 0:
             return recs, f"producer exit {prod.returncode}: {prod.stderr.strip()[-300:]}"
         consumer.wait(timeout=60)
