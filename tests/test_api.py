@@ -21,11 +21,12 @@ PUBLIC_MODULES = [
     "ucxcomm.transport.worker", "ucxcomm.transport.endpoint", "ucxcomm.launch",
     "ucxcomm.launch.bootstrap", "ucxcomm.launch.store", "ucxcomm.launch.launcher",
     "ucxcomm.cli", "ucxcomm._buffers", "ucxcomm._serialize", "ucxcomm.comm.pool",
-    "ucxcomm.transport.listener", "ucxcomm.transport.info", "ucxcomm.comm.collectives",
+    "ucxcomm.pipes.listener", "ucxcomm.transport.info", "ucxcomm.comm.collectives",
     "ucxcomm.comm.algorithms", "ucxcomm.transport.config", "ucxcomm.transport.rma",
     "ucxcomm.comm.window", "ucxcomm.testing", "ucxcomm.transport.base",
     "ucxcomm.transport.progress", "ucxcomm.settings", "ucxcomm.comm.group",
-    "ucxcomm.transport.stream", "ucxcomm.transport.pool",
+    "ucxcomm.pipes.stream", "ucxcomm.pipes.pool", "ucxcomm.pipes",
+    "ucxcomm.pipes.connection",
     "ucxcomm.torch", "ucxcomm.torch.process_group", "ucxcomm._deadline",
 ]
 
@@ -94,7 +95,8 @@ def _imports(path: Path) -> set[str]:
 
 def test_layering():
     """Only transport/_ucx.py imports ucxx or the compiled extension; comm reaches the
-    transport through its contract (transport/base.py) only; endpoint.py does not import
+    transport through its contract (transport/base.py) only; the transport imports
+    nothing above it (pipes, comm, launch) and pipes nothing above it; endpoint.py does not import
     worker.py (the worker creates endpoints). ``ucxcomm.bench``'s raw-ucxx programs (p2p
     and pipeline) are the other importers: they are the ucxx baselines ``ucxcomm bench``
     measures us against, and nothing in the library imports the bench package."""
@@ -110,15 +112,21 @@ def test_layering():
             assert not bench, f"{rel} imports {bench}"
         assert not ucx, f"{rel} imports {ucx}"
         if rel.startswith("ucxcomm/comm/"):
-            bad = {i for i in imports if i.startswith(("ucxcomm.transport", "ucxcomm.launch"))
+            bad = {i for i in imports
+                   if i.startswith(("ucxcomm.transport", "ucxcomm.launch", "ucxcomm.pipes"))
                    and not i.startswith("ucxcomm.transport.base")}
             assert not bad, f"{rel} imports {bad}"
         if rel in ("ucxcomm/transport/endpoint.py", "ucxcomm/transport/rma.py",
                    "ucxcomm/transport/progress.py", "ucxcomm/transport/base.py"):
             bad = {i for i in imports if i.startswith("ucxcomm.transport.worker")}
             assert not bad, f"{rel} imports {bad}"
-        if rel.startswith("ucxcomm/transport/"):
-            bad = {i for i in imports if i.startswith(("ucxcomm.comm", "ucxcomm.launch"))}
+        if rel.startswith("ucxcomm/transport/"):  # UCX as objects: nothing above it
+            bad = {i for i in imports
+                   if i.startswith(("ucxcomm.comm", "ucxcomm.launch", "ucxcomm.pipes"))}
+            assert not bad, f"{rel} imports {bad}"
+        if rel.startswith("ucxcomm/pipes/"):  # rank-less endpoints, on the transport
+            bad = {i for i in imports
+                   if i.startswith(("ucxcomm.comm", "ucxcomm.launch", "ucxcomm.torch"))}
             assert not bad, f"{rel} imports {bad}"
         if rel in ("ucxcomm/errors.py", "ucxcomm/_buffers.py", "ucxcomm/_serialize.py",
                    "ucxcomm/settings.py", "ucxcomm/_deadline.py"):

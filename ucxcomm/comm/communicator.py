@@ -70,7 +70,7 @@ class World:
         self.rank = rank
         self.size = size
         self.addresses = addresses
-        #: Each rank's host identity (``listener.host_identity``; empty: unknown), when
+        #: Each rank's host identity (``_net.host_identity``; empty: unknown), when
         #: the bootstrap exchanged them: endpoints to ranks known to be on another host
         #: may use UCX peer error handling (:meth:`Transport.connect`).
         self.hosts = hosts

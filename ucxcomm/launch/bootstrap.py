@@ -265,9 +265,9 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
 
 async def _form_world_steps(spec: WorldSpec, deadline: Deadline, config: dict[str, str] | None,
                             policy: Any) -> World:
+    from .._net import host_identity
     from ..transport import Worker  # keep `import ucxcomm` free of UCX
     from ..transport.config import policy_from, prepare
-    from ..transport.listener import host_identity
 
     # Transport policy first: transport="rdma" without RDMA fails here, before any
     # connection to the store or to peers.

@@ -105,7 +105,7 @@ def load() -> Any:
     # ucxx logs every endpoint error at ERROR level on stderr ("UCXX ERROR
     # ucxx::Endpoint::endpointErrorCallback ... Endpoint is not connected" for each
     # refused connect) from inside worker progress; ucxcomm reports each such error
-    # itself (PeerFailure, and an info line in transport.listener), so that line goes.
+    # itself (PeerFailure, and an info line in pipes.listener), so that line goes.
     ext.log_drop_ucxx_ep_errors()
     const.update(ext.constants())
     for name, exc in STATUS_ERRORS.items():

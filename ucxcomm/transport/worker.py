@@ -40,6 +40,7 @@ from .wire import check_address
 __all__ = ["Worker"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+E = TypeVar("E", bound=Endpoint)
 
 log = logging.getLogger(__name__)
 
@@ -371,9 +372,10 @@ class Worker(Transport):
             self._progress.kick()
         return dropped
 
-    def adopt(self, ucx_ep: Any, peer: Any) -> Endpoint:
-        """An :class:`Endpoint` around a raw UCX endpoint of this worker."""
-        ep = Endpoint(self, ucx_ep, peer)
+    def adopt(self, ucx_ep: Any, peer: Any, cls: type[E] = Endpoint) -> E:  # type: ignore[assignment]
+        """An endpoint of class ``cls`` (an :class:`Endpoint`, or a subclass such as
+        :class:`ucxcomm.pipes.Connection`) around a raw UCX endpoint of this worker."""
+        ep = cls(self, ucx_ep, peer)
         self.endpoints.append(ep)
         return ep
 

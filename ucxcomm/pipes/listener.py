@@ -38,7 +38,6 @@ import asyncio
 import errno
 import hashlib
 import hmac
-import ipaddress
 import itertools
 import logging
 import os
@@ -51,6 +50,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._deadline import check_timeout, limit
+from .._net import host_identity, is_loopback
 from ..errors import (
     AuthenticationError,
     ClosedError,
@@ -58,9 +58,9 @@ from ..errors import (
     ProtocolError,
     UcxCommError,
 )
-from .base import FULL_MASK
-from .endpoint import _HELLO_TAG, Endpoint
-from .worker import Worker
+from ..transport.base import FULL_MASK
+from ..transport.worker import Worker
+from .connection import _HELLO_TAG, Connection
 
 __all__ = ["MAX_HELLO", "MAX_PENDING", "Listener", "connect", "default_worker",
            "host_identity", "listen"]
@@ -135,30 +135,6 @@ def _check_token(token: Any, what: str) -> bytes | None:
     return bytes(token)
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine only: ``localhost`` or a loopback address
-    (``127.0.0.0/8``, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def host_identity() -> bytes:
-    """What two processes share when they can reach each other's shared memory: the
-    kernel's boot id and the network and IPC namespaces (empty when unknown: never
-    treated as the same host)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-            boot = f.read().strip()
-        net, ipc = (os.stat(f"/proc/self/ns/{ns}").st_ino for ns in ("net", "ipc"))
-    except OSError:
-        return b""
-    return boot + f":{net}:{ipc}".encode()
-
-
 # This process's client sockets in their handshake and its listeners' ports: a peer
 # may present one of this process's own worker addresses only from there.
 _our_clients: set[Any] = set()
@@ -185,7 +161,7 @@ class _Connections:
                 self.live.add(ns)
                 return ns
 
-    def ended(self, ep: Endpoint) -> None:
+    def ended(self, ep: Connection) -> None:
         self.live.discard(ep._recv_ns)  # type: ignore[arg-type]
 
     def start_sweeps(self) -> None:
@@ -302,9 +278,9 @@ _drop_log = _RateLimited()  # other failed handshakes (info)
 
 async def _establish(worker: Worker, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter, session: _Session, *, listener: bool,
-                     trusted: bool) -> Endpoint:
+                     trusted: bool) -> Connection:
     """Hellos, worker-address checks, the UCX endpoint and its wire-up check: the
-    connected :class:`Endpoint` (the caller bounds the time)."""
+    connected :class:`Connection` (the caller bounds the time)."""
     mine, theirs = (b"listener", b"client") if listener else (b"client", b"listener")
     reg = _connections(worker)
     ns = reg.new_namespace()  # (never reused, even if this handshake fails)
@@ -328,7 +304,7 @@ async def _establish(worker: Worker, reader: asyncio.StreamReader,
         same_host = bool(own.identity) and peer.identity == own.identity
         label = ("connection", next(_conn_ids))
         ucx_ep = worker.raw_endpoint(peer.address, error_handling=not same_host)
-        ep = worker.adopt(ucx_ep, label)
+        ep = worker.adopt(ucx_ep, label, Connection)
     finally:
         if ep is None:
             reg.live.discard(ns)
@@ -372,7 +348,7 @@ class Listener:
     established connections stay open.
     """
 
-    def __init__(self, worker: Worker, handler: Callable[[Endpoint], Awaitable[Any]],
+    def __init__(self, worker: Worker, handler: Callable[[Connection], Awaitable[Any]],
                  token: bytes | None, timeout: float | None) -> None:
         self._worker = worker
         self._handler = handler
@@ -463,7 +439,7 @@ class Listener:
                 self._tasks.discard(task)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      peer: Any) -> Endpoint:
+                      peer: Any) -> Connection:
         magic, version, flags, client_nonce = _OPEN.unpack(
             await reader.readexactly(_OPEN.size))
         if magic != _MAGIC or version != _VERSION:
@@ -513,7 +489,7 @@ class Listener:
         await self.close()
 
 
-async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *,
+async def listen(handler: Callable[[Connection], Awaitable[Any]], port: int = 0, *,
                  host: str = "127.0.0.1", token: str | bytes | None = None,
                  insecure: bool = False, worker: Worker | None = None,
                  timeout: float | None = 10.0) -> Listener:
@@ -571,7 +547,7 @@ async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *
 
 
 async def connect(host: str, port: int, *, token: str | bytes | None = None,
-                  worker: Worker | None = None, timeout: float | None = 30.0) -> Endpoint:
+                  worker: Worker | None = None, timeout: float | None = 30.0) -> Connection:
     """Connect to a :func:`listen`-ing peer at ``host:port``.
 
     With ``token``, both sides prove they hold it before anything else is exchanged;
@@ -633,7 +609,7 @@ async def connect(host: str, port: int, *, token: str | bytes | None = None,
 
 async def _client_handshake(worker: Worker, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter, secret: bytes | None, host: str,
-                            port: int) -> Endpoint:
+                            port: int) -> Connection:
     where = f"{host}:{port}"
     me = writer.get_extra_info("sockname")
     _our_clients.add(me)
@@ -645,7 +621,7 @@ async def _client_handshake(worker: Worker, reader: asyncio.StreamReader,
 
 async def _client_exchange(worker: Worker, reader: asyncio.StreamReader,
                            writer: asyncio.StreamWriter, secret: bytes | None,
-                           where: str) -> Endpoint:
+                           where: str) -> Connection:
     client_nonce = secrets.token_bytes(_NONCE)
     writer.write(_OPEN.pack(_MAGIC, _VERSION, _F_TOKEN if secret else 0, client_nonce))
     magic, version, flags, server_nonce, proof = _ANSWER.unpack(
