@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from .._net import watch_liveness
 from .._serialize import CODECS, decode_header, encode, loads
-from ..errors import PeerFailure, ProtocolError, TruncationError
+from ..errors import PeerFailure, ProtocolError
 from ..transport.base import FULL_MASK, Region, Remote
 from ..transport.endpoint import Endpoint
 from .pool import BufferPool
@@ -204,55 +204,13 @@ class Connection(Endpoint):
         self._check_open()
         return self._worker.remote_memory(rkey, address, nbytes, self.peer, strict=True)
 
-    def _scoped(self, ns: int | None, tag: int) -> int:
-        if ns is None:
-            self._check_connected()
+    def _wire_tag(self, tag: Any, send: bool) -> int:
+        """``tag`` (``0 <= tag <= 2**31 - 1``) scoped to this connection: the UCX tag
+        that ``send``/``recv`` (:class:`~ucxcomm.transport.endpoint.Endpoint`'s) use."""
+        ns = self._check_connected()[0 if send else 1]
         if type(tag) is not int or not 0 <= tag <= USER_TAG_MAX:
             raise ValueError(f"tag {tag!r} must be an int in [0, {USER_TAG_MAX}]")
-        return (ns << 32) | tag  # type: ignore[operator]
-
-    async def send(self, buf: Any, tag: int = 0) -> None:
-        """Send the bytes of ``buf``; returns when ``buf`` may be reused.
-
-        ``tag`` is a user tag ``0 <= tag <= 2**31 - 1`` scoped to this connection.
-
-        Raises
-        ------
-        TypeError, ValueError
-            ``buf`` is not a contiguous buffer, or bad tag (nothing is sent).
-        ClosedError, PeerFailure
-        """
-        if self._closed:
-            raise self._ended_error()
-        utag = self._scoped(self._send_ns, tag)
-        fut = self.isend(buf, utag)
-        if fut is not None:
-            await self._worker.complete(fut)
-
-    async def recv(self, buf: Any, tag: int = 0) -> int:
-        """Receive the next message with ``tag`` sent on this connection into ``buf``;
-        returns its size in bytes.
-
-        Raises
-        ------
-        TypeError, ValueError
-            ``buf`` is not a contiguous writable buffer, or bad tag.
-        TruncationError
-            The message was larger than ``buf`` (consumed; ``buf`` holds its prefix).
-        ClosedError, PeerFailure
-        """
-        self._check_open()
-        worker = self._worker
-        target = worker.recv_ptr(buf)
-        res: Any = worker.recv_into(target, self._scoped(self._recv_ns, tag), FULL_MASK,
-                                    self._peers)
-        if type(res) is not tuple:
-            res = await worker.complete(res)
-        _, nbytes, cap = res
-        if nbytes > cap:
-            raise TruncationError(f"message of {nbytes} bytes truncated to the {cap}-byte "
-                                  "receive buffer", nbytes=nbytes, capacity=cap)
-        return nbytes
+        return (ns << 32) | tag
 
     async def send_obj(self, obj: Any, *, codec: str | None = None) -> None:
         """Send an object on a connected endpoint (numpy payloads zero-copy).

@@ -163,9 +163,16 @@ class Endpoint(Link):
         self._check_open()
         return self._worker.remote_memory(rkey, address, nbytes, self.peer)
 
+    def _wire_tag(self, tag: Any, send: bool) -> int:
+        """The UCX tag that ``send``/``recv`` use for ``tag``: here the 64-bit tag itself
+        (a :class:`~ucxcomm.pipes.Connection` scopes its user tags instead)."""
+        if type(tag) is not int or not 0 <= tag < (1 << 64):
+            raise ValueError(f"tag {tag!r} must be an int in [0, 2**64)")
+        return tag
+
     async def send(self, buf: Any, tag: int = 0) -> None:
-        """Send the bytes of ``buf`` with the 64-bit UCX tag ``tag``; returns when
-        ``buf`` may be reused.
+        """Send the bytes of ``buf`` with ``tag`` (on this endpoint the 64-bit UCX tag;
+        on a connection a user tag scoped to it); returns when ``buf`` may be reused.
 
         Raises
         ------
@@ -175,15 +182,14 @@ class Endpoint(Link):
         """
         if self._closed:
             raise self._ended_error()
-        if type(tag) is not int or not 0 <= tag < (1 << 64):
-            raise ValueError(f"tag {tag!r} must be an int in [0, 2**64)")
-        fut = self.isend(buf, tag)
+        fut = self.isend(buf, self._wire_tag(tag, True))
         if fut is not None:
             await self._worker.complete(fut)
 
     async def recv(self, buf: Any, tag: int = 0) -> int:
-        """Receive the next message with the 64-bit UCX tag ``tag`` (from any endpoint
-        of the worker) into ``buf``; returns its size in bytes.
+        """Receive the next message with ``tag`` (as for :meth:`send`; here from any
+        endpoint of the worker, on a connection from its peer) into ``buf``; returns its
+        size in bytes.
 
         Raises
         ------
@@ -194,10 +200,10 @@ class Endpoint(Link):
         ClosedError, PeerFailure
         """
         self._check_open()
-        if type(tag) is not int or not 0 <= tag < (1 << 64):
-            raise ValueError(f"tag {tag!r} must be an int in [0, 2**64)")
         worker = self._worker
-        res: Any = worker.recv_into(worker.recv_ptr(buf), tag, FULL_MASK, self._peers)
+        target = worker.recv_ptr(buf)
+        res: Any = worker.recv_into(target, self._wire_tag(tag, False), FULL_MASK,
+                                    self._peers)
         if type(res) is not tuple:
             res = await worker.complete(res)
         _, nbytes, cap = res
