@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "ucxcomm"
 PUBLIC_MODULES = [
     "ucxcomm", "ucxcomm.errors", "ucxcomm.comm", "ucxcomm.comm.communicator",
-    "ucxcomm.comm.request", "ucxcomm.comm.ops", "ucxcomm.comm.tags", "ucxcomm.transport",
+    "ucxcomm.comm.request", "ucxcomm.comm.ops", "ucxcomm.tags", "ucxcomm.transport",
     "ucxcomm.transport.worker", "ucxcomm.transport.endpoint", "ucxcomm.launch",
     "ucxcomm.launch.bootstrap", "ucxcomm.launch.store", "ucxcomm.launch.launcher",
     "ucxcomm.cli", "ucxcomm._buffers", "ucxcomm._serialize", "ucxcomm.comm.pool",

@@ -396,7 +396,7 @@ def test_listener_survives_any_hello(length, body):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=64))
 def test_signal_of_any_size_is_delivered_only_whole(payload):
-    from ucxcomm.pipes.connection import _SIGNAL_TAG
+    from ucxcomm.tags import CONN_SIGNAL as _SIGNAL_TAG
     from ucxcomm.transport import connect, listen
 
     async def run() -> None:

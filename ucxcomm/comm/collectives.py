@@ -24,12 +24,12 @@ import numpy as np
 
 from .._buffers import typed_flat
 from .._deadline import within
+from ..tags import KIND_COLL, make_tag
 from . import algorithms as alg
 from .algorithms import Buf, Chan, binomial
 from .ops import MAX, MIN, SUM, Op
 from .request import Request
 from .small import DONE, SMALL_MAX_RANKS, SmallCollectives, small_ok
-from .tags import KIND_COLL, make_tag
 
 if TYPE_CHECKING:
     from .group import Group

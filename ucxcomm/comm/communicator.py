@@ -20,6 +20,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._deadline import check_timeout, limit, within
 from .._serialize import FRAMED, encode, loads_inline
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError, UcxCommError
+from ..tags import (
+    _SRC_MASK,
+    _SRC_SHIFT,
+    _TAG_MASK,
+    ANY_SOURCE,
+    ANY_TAG,
+    KIND_P2P,
+    TAG_UB,
+    split_tag,
+)
 from .algorithms import ScratchPool
 from .collectives import Collectives
 from .group import Group, check_int
@@ -27,7 +37,6 @@ from .ops import SUM, Op
 from .pool import FramePool
 from .request import Request, Status
 from .small import DONE
-from .tags import _SRC_MASK, _SRC_SHIFT, _TAG_MASK, ANY_SOURCE, ANY_TAG, KIND_P2P, TAG_UB, split_tag
 
 if TYPE_CHECKING:  # annotations only: importing ucxcomm must not load the transport
     from ..transport.base import Link, RecvResult, Transport

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .._serialize import FRAMED, Header, decode_header, encode, loads, loads_inline
 from ..errors import ClosedError
-from .request import Status
-from .tags import (
+from ..tags import (
     ANY_SOURCE,
     ANY_TAG,
     FULL_MASK,
@@ -28,6 +27,7 @@ from .tags import (
     make_tag,
     split_tag,
 )
+from .request import Status
 
 if TYPE_CHECKING:  # annotations only: importing ucxcomm must not load the transport
     from ..transport.base import Link, Peers, RecvResult, Transport

@@ -34,8 +34,8 @@ from typing import Any
 from .. import settings
 from .._deadline import Deadline, check_timeout
 from ..comm import Comm, World
-from ..comm.tags import MAX_RANKS
 from ..errors import BootstrapError, CommTimeoutError
+from ..tags import MAX_RANKS
 from .store import StoreClient, StoreServer
 
 __all__ = ["WorldSpec", "detect", "finalize", "init", "parse_nodelist", "watch_peers"]

@@ -17,33 +17,34 @@ import asyncio
 import contextlib
 import logging
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
 from .._net import watch_liveness
 from .._serialize import CODECS, decode_header, encode, loads
-from ..errors import PeerFailure, ProtocolError
+from ..errors import PeerFailure, ProtocolError, UcxCommError
+from ..tags import (
+    CONN_FRAME_SEQS,
+    CONN_MAX_STREAM,
+    CONN_NS_MASK,
+    CONN_OBJ,
+    CONN_REGION,
+    CONN_SIGNAL,
+    CONN_STREAM,
+    CONN_USER_TAG_MAX,
+    conn_tag,
+)
 from ..transport.base import FULL_MASK, Region, Remote
 from ..transport.endpoint import Endpoint
 from .pool import BufferPool
 from .stream import DEFAULT_MAX_BATCH_BYTES, DEFAULT_WINDOW, StreamReader, StreamWriter
 
-__all__ = ["MAX_OBJECT_BYTES", "MAX_STREAM", "USER_TAG_MAX", "Connection", "Signal"]
+__all__ = ["MAX_OBJECT_BYTES", "Connection", "Signal"]
 
 log = logging.getLogger(__name__)
 
-# Tags of a connection (the low 32 bits; the high 32 name the receiving side):
-#: Largest user tag on a connection; tags from 2**31 up are ucxcomm's own.
-USER_TAG_MAX = (1 << 31) - 1
-_OBJ_TAG = 1 << 31  # first message of an object; its frames follow on _OBJ_TAG + 1 + seq
-_FRAME_SEQS = (1 << 30) - 1
-_CTL_TAG = 3 << 30  # control messages (above every object frame tag):
-_SIGNAL_TAG = _CTL_TAG  # put-with-signal notifications
-_REGION_TAG = _CTL_TAG + 1  # region keys sent with send_region
-_HELLO_TAG = _CTL_TAG + 2  # the connection handshake's check of the data path
-_STREAM_TAG = _CTL_TAG + 16  # + 4 * stream id + message kind (stream.py)
-#: Largest stream id.
-MAX_STREAM = ((1 << 32) - _STREAM_TAG) // 4 - 1
+# The connection's tags: ucxcomm/tags.py (CONN_*: the low 32 bits; conn_tag adds the
+# receiving side's namespace above them).
 _SIGNAL = struct.Struct("<QQq")  # offset, nbytes, value
 _REGION = struct.Struct("<QQ")  # address, nbytes (then the rkey)
 _MAX_REGION_MESSAGE = 1 << 16  # a region key message (ours are a few hundred bytes)
@@ -65,6 +66,61 @@ class Signal(NamedTuple):
     value: int
 
 
+def drop_unreceived(worker: Any, keep: Collection[int]) -> int:
+    """Receive and drop every message already at ``worker`` whose namespace (a
+    connection tag's upper 32 bits) is not in ``keep``: a binary search over namespace
+    prefixes with non-destructive probes, descending only into prefixes a message
+    matches (about 64 probes per namespace that has messages waiting). For workers that
+    carry connections only: a peer can address any namespace, UCX matches across the
+    worker, and nobody would ever receive those. Returns how many."""
+    if worker.closed:
+        return 0
+    probe = worker.probe
+    dropped = 0
+    stack = [(0, 0)]  # (namespace prefix, its length in bits)
+    while stack:
+        value, bits = stack.pop()
+        shift = 64 - bits
+        if probe(value << shift if bits else 0,
+                 ((1 << bits) - 1) << shift if bits else 0) is None:
+            continue
+        if bits < 32:
+            stack.append((value << 1, bits + 1))
+            stack.append((value << 1 | 1, bits + 1))
+        elif value not in keep:
+            dropped += drain_namespace(worker, value)
+    return dropped
+
+
+def drain_namespace(worker: Any, ns: int) -> int:
+    """Receive and drop every message already at ``worker`` in namespace ``ns`` (a
+    closed connection's): UCX keeps unexpected messages until someone receives them.
+    Each is received into one byte and thereby discarded (UCX consumes a larger message
+    without copying it; a large one's sender is released without its data moving).
+    Returns how many."""
+    if worker.closed:
+        return 0
+    tag, mask = conn_tag(ns, 0), CONN_NS_MASK
+    dropped = 0
+    while worker.probe(tag, mask) is not None:
+        try:
+            fut = worker.tag_recv(worker.recv_ptr(bytearray(1)), tag, mask, None)
+        except UcxCommError:  # (truncated at once: dropped)
+            fut = None
+        if fut is not None:  # (a large message's release, finishing later)
+            fut.add_done_callback(_retrieve)
+        dropped += 1
+    if dropped:
+        worker.wake()
+    return dropped
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    """Retrieve an outcome nobody awaits (no 'exception was never retrieved')."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 def _forget(worker: Any, peer: Any) -> None:
     if not worker.closed:
         worker.forget_peer(peer)
@@ -79,7 +135,7 @@ def _drain(worker: Any, ns: int, quiet: int, label: str) -> None:
     coming (a peer that goes on sending), every ``_DRAIN_AGAIN_S[0]``."""
     if worker.closed:
         return
-    dropped = worker.drain_namespace(ns)
+    dropped = drain_namespace(worker, ns)
     if dropped:
         log.debug("connection %s: dropped %d unreceived messages", label, dropped)
         quiet = 0
@@ -208,9 +264,9 @@ class Connection(Endpoint):
         """``tag`` (``0 <= tag <= 2**31 - 1``) scoped to this connection: the UCX tag
         that ``send``/``recv`` (:class:`~ucxcomm.transport.endpoint.Endpoint`'s) use."""
         ns = self._check_connected()[0 if send else 1]
-        if type(tag) is not int or not 0 <= tag <= USER_TAG_MAX:
-            raise ValueError(f"tag {tag!r} must be an int in [0, {USER_TAG_MAX}]")
-        return (ns << 32) | tag
+        if type(tag) is not int or not 0 <= tag <= CONN_USER_TAG_MAX:
+            raise ValueError(f"tag {tag!r} must be an int in [0, {CONN_USER_TAG_MAX}]")
+        return conn_tag(ns, tag)
 
     async def send_obj(self, obj: Any, *, codec: str | None = None) -> None:
         """Send an object on a connected endpoint (numpy payloads zero-copy).
@@ -234,10 +290,10 @@ class Connection(Endpoint):
         ns = self._check_connected()[0]
         seq = self._frame_seq
         message, frames = encode(obj, seq, codec)
-        futs = [self.isend(message, (ns << 32) | _OBJ_TAG)]
+        futs = [self.isend(message, conn_tag(ns, CONN_OBJ))]
         if frames:
-            self._frame_seq = (seq + 1) % _FRAME_SEQS
-            ftag = (ns << 32) | (_OBJ_TAG + 1 + seq)
+            self._frame_seq = (seq + 1) % CONN_FRAME_SEQS
+            ftag = conn_tag(ns, CONN_OBJ + 1 + seq)
             futs.extend(self.isend(f, ftag) for f in frames)
         pending = [f for f in futs if f is not None]
         if len(pending) == 1:
@@ -264,9 +320,9 @@ class Connection(Endpoint):
         ClosedError, PeerFailure
         """
         codec = self._codec(codec)
-        base = self._check_connected()[1] << 32
+        ns = self._check_connected()[1]
         worker = self._worker
-        res: Any = worker.recv_alloc(base | _OBJ_TAG, FULL_MASK, self._peers)
+        res: Any = worker.recv_alloc(conn_tag(ns, CONN_OBJ), FULL_MASK, self._peers)
         if type(res) is not tuple:
             res = await worker.complete(res)
         try:
@@ -277,15 +333,15 @@ class Connection(Endpoint):
             raise self._refuse(f"the peer sent a {header.codec}-encoded object; this side "
                                f"accepts codec={codec!r} (pass the same codec= on both "
                                "sides)")
-        if header.sizes and header.seq >= _FRAME_SEQS:
+        if header.sizes and header.seq >= CONN_FRAME_SEQS:
             raise self._refuse(f"the peer sent an object header with frame sequence "
-                               f"{header.seq} (at most {_FRAME_SEQS - 1})")
+                               f"{header.seq} (at most {CONN_FRAME_SEQS - 1})")
         total = sum(header.sizes)
         if total > MAX_OBJECT_BYTES:
             raise self._refuse(f"the peer announced an object of {total} bytes (at most "
                                f"{MAX_OBJECT_BYTES})")
         buffers = []
-        ftag = base | (_OBJ_TAG + 1 + header.seq)
+        ftag = conn_tag(ns, CONN_OBJ + 1 + header.seq)
         for i, size in enumerate(header.sizes):
             # One frame at a time, allocated at the size that actually arrived.
             got: Any = worker.recv_alloc(ftag, FULL_MASK, self._peers)
@@ -312,12 +368,12 @@ class Connection(Endpoint):
 
     def _stream_tag(self, stream: int, kind: int, *, send: bool) -> int:
         ns = self._send_ns if send else self._recv_ns
-        return (ns << 32) | (_STREAM_TAG + 4 * stream + kind)  # type: ignore[operator]
+        return conn_tag(ns, CONN_STREAM + 4 * stream + kind)  # type: ignore[arg-type]
 
     def _new_stream(self, side: str, stream: int) -> None:
         self._check_connected()
-        if type(stream) is not int or not 0 <= stream <= MAX_STREAM:
-            raise ValueError(f"stream {stream!r} must be an int in [0, {MAX_STREAM}]")
+        if type(stream) is not int or not 0 <= stream <= CONN_MAX_STREAM:
+            raise ValueError(f"stream {stream!r} must be an int in [0, {CONN_MAX_STREAM}]")
         if (side, stream) in self._streams:
             what = "writer" if side == "w" else "reader"
             raise ValueError(f"stream {stream} already has an open {what} on this "
@@ -413,7 +469,7 @@ class Connection(Endpoint):
             raise TypeError(f"expected a region from worker.register/allocate, got "
                             f"{type(region).__name__}")
         msg = _REGION.pack(region.address, region.nbytes) + bytes(region.rkey)
-        fut = self.isend(msg, (send_ns << 32) | _REGION_TAG)
+        fut = self.isend(msg, conn_tag(send_ns, CONN_REGION))
         if fut is not None:
             await self._worker.complete(fut)
 
@@ -432,7 +488,7 @@ class Connection(Endpoint):
         """
         recv_ns = self._check_connected()[1]
         worker = self._worker
-        res: Any = worker.recv_alloc((recv_ns << 32) | _REGION_TAG, FULL_MASK, self._peers)
+        res: Any = worker.recv_alloc(conn_tag(recv_ns, CONN_REGION), FULL_MASK, self._peers)
         if type(res) is not tuple:
             res = await worker.complete(res)
         data = bytes(res[2])
@@ -469,7 +525,7 @@ class Connection(Endpoint):
         await remote.put(buf, offset)
         await remote.flush()
         fut = self.isend(_SIGNAL.pack(int(offset), nbytes, value),
-                         (send_ns << 32) | _SIGNAL_TAG)
+                         conn_tag(send_ns, CONN_SIGNAL))
         if fut is not None:
             await self._worker.complete(fut)
 
@@ -487,7 +543,7 @@ class Connection(Endpoint):
         recv_ns = self._check_connected()[1]
         worker = self._worker
         buf = bytearray(_SIGNAL.size)
-        res: Any = worker.recv_posted(worker.recv_ptr(buf), (recv_ns << 32) | _SIGNAL_TAG,
+        res: Any = worker.recv_posted(worker.recv_ptr(buf), conn_tag(recv_ns, CONN_SIGNAL),
                                       FULL_MASK, self._peers)
         if type(res) is not tuple:
             res = await worker.complete(res)

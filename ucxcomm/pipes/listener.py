@@ -58,9 +58,10 @@ from ..errors import (
     ProtocolError,
     UcxCommError,
 )
+from ..tags import CONN_HELLO, conn_tag
 from ..transport.base import FULL_MASK
 from ..transport.worker import Worker
-from .connection import _HELLO_TAG, Connection
+from .connection import Connection, drop_unreceived
 
 __all__ = ["MAX_HELLO", "MAX_PENDING", "Listener", "connect", "default_worker",
            "host_identity", "listen"]
@@ -173,7 +174,7 @@ class _Connections:
         worker = self.worker
         if worker.closed:
             return
-        dropped = worker.drop_unreceived(self.live)
+        dropped = drop_unreceived(worker, self.live)
         if dropped:
             log.info("dropped %d messages addressed to no live connection", dropped)
         asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
@@ -313,9 +314,9 @@ async def _establish(worker: Worker, reader: asyncio.StreamReader,
     try:
         # One message each way on the path that will carry the traffic.
         check = bytearray(1)
-        got: Any = worker.recv_into(worker.recv_ptr(check), (ns << 32) | _HELLO_TAG,
+        got: Any = worker.recv_into(worker.recv_ptr(check), conn_tag(ns, CONN_HELLO),
                                     FULL_MASK, ep._peers)
-        sent = ep.isend(b"\x01", (peer.namespace << 32) | _HELLO_TAG)
+        sent = ep.isend(b"\x01", conn_tag(peer.namespace, CONN_HELLO))
         pending = [f for f in (sent, got if type(got) is not tuple else None)
                    if f is not None]
         if pending:

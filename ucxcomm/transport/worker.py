@@ -24,11 +24,11 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 from .. import settings
-from ..errors import ClosedError, PeerFailure, UcxCommError
+from ..errors import ClosedError, PeerFailure
 from . import _ucx
 from .base import Link, Peers, RecvResult, Region, Remote, Target, Transport
 from .config import Plan, check_lanes, policy_from, prepare, ucx_has_cuda
@@ -108,12 +108,6 @@ class _Engine(Generic[F]):
         if obj is None:
             return self
         return getattr(obj._eng, self.name)  # (only before __init__ bound it)
-
-
-def _retrieve(fut: asyncio.Future) -> None:
-    """Retrieve an outcome nobody awaits (no 'exception was never retrieved')."""
-    if not fut.cancelled():
-        fut.exception()
 
 
 def spin_yield(env: Mapping[str, str] | None = None, cpu_max: str | None = None) -> bool:
@@ -218,7 +212,6 @@ class Worker(Transport):
         self._rma = RmaEngines(self.options, self._plan.rdma, self._progress, self._loop,
                                eng._dead)
         self.endpoints: list[Endpoint] = []
-        self._scratch = self._eng.recv_ptr(bytearray(1))  # what drain_namespace keeps
         _open_workers.add(self)
 
     # ------------------------------------------------------------------ info
@@ -324,53 +317,6 @@ class Worker(Transport):
             Malformed, or unusable here.
         """
         return check_address(address, self.address, self.own_addresses(), os.getpid())
-
-    def drop_unreceived(self, keep: Collection[int]) -> int:
-        """Receive and drop every message already here whose namespace (the tag's upper
-        32 bits) is not in ``keep``: a binary search over namespace prefixes with
-        non-destructive probes, descending only into prefixes a message matches (about
-        64 probes per namespace that has messages waiting). For workers whose every
-        tag is namespaced (connections): a peer can address any namespace, UCX matches
-        across the worker, and nobody would ever receive those. Returns how many."""
-        if self.closed:
-            return 0
-        probe = self._eng.probe
-        dropped = 0
-        stack = [(0, 0)]  # (namespace prefix, its length in bits)
-        while stack:
-            value, bits = stack.pop()
-            shift = 64 - bits
-            if probe(value << shift if bits else 0,
-                     ((1 << bits) - 1) << shift if bits else 0) is None:
-                continue
-            if bits < 32:
-                stack.append((value << 1, bits + 1))
-                stack.append((value << 1 | 1, bits + 1))
-            elif value not in keep:
-                dropped += self.drain_namespace(value)
-        return dropped
-
-    def drain_namespace(self, ns: int) -> int:
-        """Receive and drop every message already here whose tag's upper 32 bits are
-        ``ns`` (a closed connection's): UCX keeps unexpected messages until someone
-        receives them. Each is received into one byte and thereby discarded (UCX
-        consumes a larger message without copying it; a large one's sender is released
-        without its data moving). Returns how many."""
-        if self.closed:
-            return 0
-        tag, mask, scratch = ns << 32, 0xFFFFFFFF << 32, self._scratch
-        dropped = 0
-        while self._eng.probe(tag, mask) is not None:
-            try:
-                fut = self._eng.tag_recv(scratch, tag, mask, None)
-            except UcxCommError:  # (truncated at once: dropped)
-                fut = None
-            if fut is not None:  # (a large message's release, finishing later)
-                fut.add_done_callback(_retrieve)
-            dropped += 1
-        if dropped:
-            self._progress.kick()
-        return dropped
 
     def adopt(self, ucx_ep: Any, peer: Any, cls: type[E] = Endpoint) -> E:  # type: ignore[assignment]
         """An endpoint of class ``cls`` (an :class:`Endpoint`, or a subclass such as
