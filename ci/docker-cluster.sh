@@ -194,7 +194,8 @@ timeout 1800 docker build "${build_args[@]}" -f docker/Dockerfile -t "$IMAGE" - 
   < "$OUT/context.tar" > "$OUT/build.log" 2>&1 || fail "docker build failed"
 rm -f "$OUT/context.tar"
 size="$(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.2f GB", $1 / 1e9}')"
-echo "docker-cluster: built $IMAGE in $((SECONDS - t0)) s ($size)"
+echo "docker-cluster: built $IMAGE in $((SECONDS - t0)) s ($size;" \
+  "$(grep -c '^ ---> Using cache' "$OUT/build.log" || true) steps from the cache)"
 
 # 2. what the image's UCX and ucxcomm see
 timeout 120 docker run --rm "$IMAGE" ucxcomm info > "$OUT/info.log" 2>&1 \
