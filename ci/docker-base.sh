@@ -8,17 +8,22 @@
 #   docker build --build-arg BASE=ucxcomm-base:bookworm -f docker/Dockerfile ...
 #
 # The Debian mirror is the host's own (the first deb URI of its apt sources), else
-# debootstrap's default. Needs root, debootstrap and a running Docker engine.
+# debootstrap's default. Needs root, a running Docker engine and debootstrap (installed
+# with apt-get when missing).
 set -euo pipefail
 NAME="${1:-ucxcomm-base:bookworm}"
 if docker image inspect "$NAME" > /dev/null 2>&1; then
   echo "docker-base: $NAME exists (docker rmi $NAME to make it again)"
   exit 0
 fi
-command -v debootstrap > /dev/null || {
-  echo "docker-base: needs debootstrap (apt-get install debootstrap)" >&2
-  exit 2
-}
+if ! command -v debootstrap > /dev/null; then
+  echo "docker-base: apt-get install debootstrap"
+  DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q --no-install-recommends \
+    debootstrap > /dev/null || {
+    echo "docker-base: needs debootstrap, and apt-get could not install it" >&2
+    exit 2
+  }
+fi
 mirror=""
 for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list; do
   [ -f "$f" ] || continue
