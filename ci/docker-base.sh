@@ -19,7 +19,7 @@ fi
 if ! command -v debootstrap > /dev/null; then
   echo "docker-base: apt-get install debootstrap"
   DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q --no-install-recommends \
-    debootstrap > /dev/null || {
+    debootstrap > /dev/null 2>&1 || {
     echo "docker-base: needs debootstrap, and apt-get could not install it" >&2
     exit 2
   }
