@@ -16,9 +16,10 @@
 #      liveness bound and exit 3 (tests/spmd/cluster_prog.py cut)
 #   7. rank2's container disconnected from the network mid-collective: every rank raises
 #      PeerFailure within the bound and exits 3
-# Containers and networks are removed on exit, failures included; the images stay (a
-# cache: docker rmi ucxcomm:test ucxcomm-base:bookworm). Without root, or with no way to get
-# an engine, it says so in one line and exits 0, unless UCXCOMM_DOCKER_REQUIRED=1 (.ci/run).
+# Containers and networks are removed on exit, failures included; the images stay (a cache:
+# docker rmi ucxcomm:test ucxcomm:test-build ucxcomm-base:bookworm). Without root, or with
+# no way to get an engine, it says so in one line and exits 0, unless
+# UCXCOMM_DOCKER_REQUIRED=1 (.ci/run).
 # UCXCOMM_DOCKER_BASE=IMAGE: build on that base instead.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -190,9 +191,15 @@ build_args=(--build-arg "BASE=$base")
 docker buildx version > /dev/null 2>&1 || export DOCKER_BUILDKIT=0  # (the legacy builder)
 echo "docker-cluster: building $IMAGE on $base"
 t0=$SECONDS
+# The build stage is tagged too (ucxcomm:test-build): its layers (the dependencies) are the
+# cache of the next build; superseded layers of earlier builds are pruned.
+timeout 1800 docker build "${build_args[@]}" --target build -f docker/Dockerfile \
+  -t "$IMAGE-build" - < "$OUT/context.tar" > "$OUT/build.log" 2>&1 || fail "docker build failed"
 timeout 1800 docker build "${build_args[@]}" -f docker/Dockerfile -t "$IMAGE" - \
-  < "$OUT/context.tar" > "$OUT/build.log" 2>&1 || fail "docker build failed"
+  < "$OUT/context.tar" >> "$OUT/build.log" 2>&1 || fail "docker build failed"
 rm -f "$OUT/context.tar"
+timeout 300 docker image prune -f --filter label=org.ucxcomm.image=ucxcomm > /dev/null \
+  || fail "docker image prune"
 size="$(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.2f GB", $1 / 1e9}')"
 echo "docker-cluster: built $IMAGE in $((SECONDS - t0)) s ($size;" \
   "$(grep -c '^ ---> Using cache' "$OUT/build.log" || true) steps from the cache)"
