@@ -4,8 +4,9 @@ A benchmark script (benchmarks/p2p.py, rma.py, collectives.py) has two modes, bo
 entered through :func:`main`: the *driver* (no launcher around it) runs the ucxcomm ranks
 and the peers one after another, collects their ``BENCH {json}`` lines, records them and
 prints its report; with the hidden ``--rank`` flag the script is one ucxcomm rank started
-by the driver. This module holds the entry point, the launchers of ucxcomm ranks,
-``mpiexec`` ranks and ``ucx_perftest`` pairs, and the record/ratio helpers."""
+by the driver. This module holds the entry point, the jobs (their binding and command
+lines come from :mod:`ucxcomm.bench.launchers`, as for ``ucxcomm bench``), and the
+record/ratio helpers."""
 
 from __future__ import annotations
 
@@ -14,17 +15,16 @@ import asyncio
 import functools
 import json
 import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
+from ucxcomm.bench import launchers
 from ucxcomm.bench.perftest import free_port, perftest
 
 __all__ = ["bench_line", "free_port", "main", "median_of", "mpiexec_run", "perftest",
            "perftest_records", "print_ratios", "ratios", "record", "run_bench",
-           "ucxcomm_run"]
+           "ucxcomm_module_run", "ucxcomm_run"]
 
 HERE = Path(__file__).resolve().parent
 
@@ -36,17 +36,9 @@ BIND = True
 
 
 def bound(n: int) -> bool:
-    """Whether a job of ``n`` ranks runs bound one rank per core: every peer alike
-    (``ucxcomm run --bind-to core``, ``mpiexec -bind-to core``, ``ucx_perftest`` pinned),
-    when there is a core per rank. Unbound, the scheduler now and then puts two spinning
-    ranks on one core: 8 B loopback TCP latency was 4.7-5.0 or 6.0-6.4 us from one run
-    to the next here, for ``ucx_perftest`` as for ucxcomm."""
-    return BIND and n <= len(os.sched_getaffinity(0))
-
-
-def ucxcomm_bind(n: int) -> list[str]:
-    """``ucxcomm run``'s binding arguments for a job of ``n`` ranks."""
-    return ["--bind-to", "core"] if bound(n) else []
+    """Whether a job of ``n`` ranks runs bound one rank per core (the decision of
+    :func:`ucxcomm.bench.launchers.bound_cores`, every peer alike)."""
+    return launchers.bound_cores(n, BIND) is not None
 
 
 # --------------------------------------------------------------------------- entry point
@@ -94,41 +86,40 @@ def run_bench(cmd: list[str], env: dict, timeout: float = 1800) -> list[dict]:
     """Run ``cmd``; return the records of its ``BENCH {json}`` lines (reporting failures
     and "unsupported" notes on stderr)."""
     print(f"$ {' '.join(cmd)}", file=sys.stderr, flush=True)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    job = launchers.run(cmd, env, timeout)
+    if job.returncode is None:
         print("  timed out", file=sys.stderr)
-        return []
-    if proc.returncode != 0:
-        print(f"  failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
-    elif "unsupported" in proc.stderr:
-        print("\n".join("  " + ln for ln in proc.stderr.splitlines() if "unsupported" in ln),
+    elif job.returncode != 0:
+        print(f"  failed ({job.returncode}):\n{job.stderr[-3000:]}", file=sys.stderr)
+    elif "unsupported" in job.stderr:
+        print("\n".join("  " + ln for ln in job.stderr.splitlines() if "unsupported" in ln),
               file=sys.stderr)
-    return [json.loads(line[6:]) for line in proc.stdout.splitlines()
-            if line.startswith("BENCH ")]
+    return job.records
 
 
 def ucxcomm_run(n: int, script: str, *args: str, env: dict, timeout: int = 900) -> list[dict]:
     """Records of ``ucxcomm run -n n --timeout timeout python benchmarks/<script> args``."""
-    py = sys.executable
-    return run_bench([py, "-m", "ucxcomm.cli", "run", "-n", str(n), "--timeout", str(timeout),
-                      *ucxcomm_bind(n), py, str(HERE / script), *args], env)
+    return run_bench(launchers.ucxcomm_run_cmd(n, [sys.executable, str(HERE / script), *args],
+                                               timeout=timeout, bind=BIND), env)
+
+
+def ucxcomm_module_run(n: int, module: str, *args: str, env: dict, timeout: int = 900
+                       ) -> list[dict]:
+    """Records of ``ucxcomm run -n n --timeout timeout python -m <module> args`` (a rank
+    program of ``ucxcomm bench``)."""
+    return run_bench(launchers.ucxcomm_run_cmd(n, [sys.executable, "-m", module, *args],
+                                               timeout=timeout, bind=BIND), env)
 
 
 @functools.cache
 def find_mpiexec() -> str | None:
-    """The ``mpiexec`` next to this Python (else on ``PATH``) when mpi4py is installed,
-    else None (saying so once on stderr)."""
-    py = sys.executable
-    mpiexec = shutil.which("mpiexec", path=str(Path(py).parent)) or shutil.which("mpiexec")
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        mpiexec = None
-    if mpiexec is None:
-        print("mpi4py/mpiexec not installed: pip install 'ucxcomm[bench]'", file=sys.stderr)
-    return mpiexec
+    """The ``mpiexec`` of :func:`ucxcomm.bench.launchers.mpiexec` when mpi4py is
+    installed, else None (saying so once on stderr)."""
+    why = launchers.mpi_missing()
+    if why is not None:
+        print(why, file=sys.stderr)
+        return None
+    return launchers.mpiexec()
 
 
 def mpiexec_run(n: int, script: str, *args: str, env: dict) -> list[dict]:
@@ -136,9 +127,8 @@ def mpiexec_run(n: int, script: str, *args: str, env: dict) -> list[dict]:
     mpiexec = find_mpiexec()
     if mpiexec is None:
         return []
-    bind = ["-bind-to", "core"] if bound(n) else []
-    return run_bench([mpiexec, *bind, "-n", str(n), sys.executable, str(HERE / script), *args],
-                     env)
+    return run_bench(launchers.mpiexec_cmd(n, [sys.executable, str(HERE / script), *args],
+                                           bind=BIND, exe=mpiexec), env)
 
 
 def perftest_records(runs: Iterable[tuple[str, int, int, dict]],
@@ -148,8 +138,7 @@ def perftest_records(runs: Iterable[tuple[str, int, int, dict]],
     ``shape(test, size, measurement)`` of those that ran."""
     out = []
     for test, size, iters, env in runs:
-        cores = sorted(os.sched_getaffinity(0))[:2] if bound(2) else None
-        got = perftest(test, size, iters, env, cores=cores)
+        got = perftest(test, size, iters, env, cores=launchers.perftest_cores(BIND))
         if got is not None:
             out.append(shape(test, size, got))
     return out
@@ -163,12 +152,13 @@ def bench_line(rec: dict) -> None:
 
 
 def record(results: list[dict], transport: str, out: str | None) -> None:
-    """Tag every record with the transport, append them to ``out`` (JSON lines) if
-    given, and print them."""
+    """Tag every record with the transport, append them to ``out`` (JSON lines; its
+    folder is created) if given, and print them."""
     for r in results:
         r["transport"] = transport
         r.setdefault("bound", bound(r.get("nranks", 2)))
     if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)  # e.g. results/ (not in git)
         with open(out, "a") as f:
             for r in results:
                 f.write(json.dumps(r) + "\n")

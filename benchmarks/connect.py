@@ -25,7 +25,7 @@ TOKEN = "benchmark-token"
 async def serve(token: str | None) -> None:
     import ucxcomm
 
-    async def handler(ep: ucxcomm.transport.Endpoint) -> None:
+    async def handler(ep: ucxcomm.pipes.Connection) -> None:
         buf = bytearray(1)
         try:
             await ep.recv(buf, tag=1)

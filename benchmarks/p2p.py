@@ -170,11 +170,8 @@ def _raw_ucxx(env: dict) -> list[dict]:
     out = []
     for op, sizes in (("latency", LAT_SIZES), ("bw", BW_SIZES)):
         for size in sizes:
-            for rec in _driver.run_bench([sys.executable, "-m", "ucxcomm.cli", "run", "-n", "2",
-                                          "--timeout", "900", *_driver.ucxcomm_bind(2),
-                                          sys.executable, "-m",
-                                          "ucxcomm.bench.ranks_ucxx", "p2p", "--ops", op,
-                                          "--size", str(size)], env):
+            for rec in _driver.ucxcomm_module_run(2, "ucxcomm.bench.ranks_ucxx", "p2p",
+                                                  "--ops", op, "--size", str(size), env=env):
                 rec.update(impl="ucxx-lowlevel-poll", op=names[rec["op"]])
                 out.append(rec)
     return out

@@ -13,7 +13,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.ucxcomm-installed"
 newer=$(find "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/tools" "$ROOT/csrc" \
-        "$ROOT/ucxcomm/transport/_ucp.pyx" -newer "$stamp" 2>/dev/null | head -1 || true)
+        "$ROOT/ucxcomm/transport/_ucp.pyx" "$ROOT/ucxcomm/transport/_ucp.pxd" -newer "$stamp" 2>/dev/null | head -1 || true)
 if [ ! -f "$stamp" ] || [ -n "$newer" ] || \
    ! compgen -G "$ROOT/ucxcomm/transport/_ucp*.so" > /dev/null; then
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip

@@ -87,7 +87,7 @@ def tcp_listening() -> list[str]:
     return found
 
 
-async def handle(mode: str, ep: ucxcomm.transport.Endpoint) -> None:
+async def handle(mode: str, ep: ucxcomm.pipes.Connection) -> None:
     global calls
     calls += 1
     try:

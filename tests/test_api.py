@@ -17,16 +17,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "ucxcomm"
 PUBLIC_MODULES = [
     "ucxcomm", "ucxcomm.errors", "ucxcomm.comm", "ucxcomm.comm.communicator",
-    "ucxcomm.comm.request", "ucxcomm.comm.ops", "ucxcomm.comm.tags", "ucxcomm.transport",
+    "ucxcomm.comm.request", "ucxcomm.comm.ops", "ucxcomm.tags", "ucxcomm.transport",
     "ucxcomm.transport.worker", "ucxcomm.transport.endpoint", "ucxcomm.launch",
     "ucxcomm.launch.bootstrap", "ucxcomm.launch.store", "ucxcomm.launch.launcher",
     "ucxcomm.cli", "ucxcomm._buffers", "ucxcomm._serialize", "ucxcomm.comm.pool",
-    "ucxcomm.transport.listener", "ucxcomm.transport.info", "ucxcomm.comm.collectives",
+    "ucxcomm.pipes.listener", "ucxcomm.transport.info", "ucxcomm.comm.collectives",
     "ucxcomm.comm.algorithms", "ucxcomm.transport.config", "ucxcomm.transport.rma",
     "ucxcomm.comm.window", "ucxcomm.testing", "ucxcomm.transport.base",
     "ucxcomm.transport.progress", "ucxcomm.settings", "ucxcomm.comm.group",
-    "ucxcomm.transport.stream", "ucxcomm.transport.pool",
-    "ucxcomm.torch", "ucxcomm.torch.process_group",
+    "ucxcomm.pipes.stream", "ucxcomm.pipes.pool", "ucxcomm.pipes",
+    "ucxcomm.pipes.connection",
+    "ucxcomm.torch", "ucxcomm.torch.process_group", "ucxcomm._deadline",
 ]
 
 
@@ -94,7 +95,8 @@ def _imports(path: Path) -> set[str]:
 
 def test_layering():
     """Only transport/_ucx.py imports ucxx or the compiled extension; comm reaches the
-    transport through its contract (transport/base.py) only; endpoint.py does not import
+    transport through its contract (transport/base.py) only; the transport imports
+    nothing above it (pipes, comm, launch) and pipes nothing above it; endpoint.py does not import
     worker.py (the worker creates endpoints). ``ucxcomm.bench``'s raw-ucxx programs (p2p
     and pipeline) are the other importers: they are the ucxx baselines ``ucxcomm bench``
     measures us against, and nothing in the library imports the bench package."""
@@ -110,20 +112,26 @@ def test_layering():
             assert not bench, f"{rel} imports {bench}"
         assert not ucx, f"{rel} imports {ucx}"
         if rel.startswith("ucxcomm/comm/"):
-            bad = {i for i in imports if i.startswith(("ucxcomm.transport", "ucxcomm.launch"))
+            bad = {i for i in imports
+                   if i.startswith(("ucxcomm.transport", "ucxcomm.launch", "ucxcomm.pipes"))
                    and not i.startswith("ucxcomm.transport.base")}
             assert not bad, f"{rel} imports {bad}"
         if rel in ("ucxcomm/transport/endpoint.py", "ucxcomm/transport/rma.py",
                    "ucxcomm/transport/progress.py", "ucxcomm/transport/base.py"):
             bad = {i for i in imports if i.startswith("ucxcomm.transport.worker")}
             assert not bad, f"{rel} imports {bad}"
-        if rel.startswith("ucxcomm/transport/"):
-            bad = {i for i in imports if i.startswith(("ucxcomm.comm", "ucxcomm.launch"))}
+        if rel.startswith("ucxcomm/transport/"):  # UCX as objects: nothing above it
+            bad = {i for i in imports
+                   if i.startswith(("ucxcomm.comm", "ucxcomm.launch", "ucxcomm.pipes"))}
+            assert not bad, f"{rel} imports {bad}"
+        if rel.startswith("ucxcomm/pipes/"):  # rank-less endpoints, on the transport
+            bad = {i for i in imports
+                   if i.startswith(("ucxcomm.comm", "ucxcomm.launch", "ucxcomm.torch"))}
             assert not bad, f"{rel} imports {bad}"
         if rel in ("ucxcomm/errors.py", "ucxcomm/_buffers.py", "ucxcomm/_serialize.py",
-                   "ucxcomm/settings.py"):
+                   "ucxcomm/settings.py", "ucxcomm/_deadline.py"):
             bad = {i for i in imports if i.startswith("ucxcomm.")
-                   and i not in ("ucxcomm.errors", "ucxcomm.errors.UnsupportedError")}
+                   and i.split(".")[:2] != ["ucxcomm", "errors"]}
             assert not bad, f"{rel} imports {bad}"
 
 
@@ -139,3 +147,44 @@ def test_library_never_prints():
         calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
                  and isinstance(n.func, ast.Name) and n.func.id == "print"]
         assert not calls, f"{rel} calls print()"
+
+
+def test_extension_stub_matches_the_extension():
+    """``transport/_ucp.pyi`` (what mypy checks the callers against) names exactly what
+    the compiled module offers: every function and class, and every public method of
+    each class (a name added to or dropped from the .pyx without the stub fails here)."""
+    code = ("import json, inspect\n"
+            "from ucxcomm.transport import _ucx\n"
+            "_ucx.load()\n"
+            "m = _ucx.ucp\n"
+            "out = {}\n"
+            "for n, v in vars(m).items():\n"
+            "    if n.startswith('__') or inspect.ismodule(v):\n"
+            "        continue\n"
+            "    if isinstance(v, type):\n"
+            "        out[n] = sorted(k for k in vars(v) if not k.startswith('__')\n"
+            "                        and not k.startswith('_') or k in ('_engine_setup',\n"
+            "                        '_abort_ops', '_dead', '_closed'))\n"
+            "    elif callable(v) or isinstance(v, int):\n"
+            "        out[n] = None\n"
+            "print(json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    compiled = json.loads(proc.stdout)
+    compiled = {n: v for n, v in compiled.items() if not n.startswith("_")}
+    stub: dict[str, list[str] | None] = {}
+    tree = ast.parse((PKG / "transport" / "_ucp.pyi").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            stub[node.name] = sorted(
+                n.name if isinstance(n, ast.FunctionDef) else n.target.id  # type: ignore
+                for n in node.body
+                if (isinstance(n, ast.FunctionDef) and not n.name.startswith("__"))
+                or isinstance(n, ast.AnnAssign))
+        elif isinstance(node, ast.FunctionDef):
+            stub[node.name] = None
+        elif isinstance(node, ast.AnnAssign) and not node.target.id.startswith("_"):
+            stub[node.target.id] = None
+    # A subclass in the stub lists only what it adds; the extension shows its own.
+    stub["GroupCollectives"] = compiled.get("GroupCollectives")
+    assert stub == compiled

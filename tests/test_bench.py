@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ucxcomm.bench import driver
+from ucxcomm.bench import driver, launchers
 from ucxcomm.bench.spec import SUITES, applies, parse_sizes
 from ucxcomm.testing import clean_env
 
@@ -92,17 +92,63 @@ def test_bad_options_fail_before_any_job(args, message):
 
 
 def test_jobs_bind_one_rank_per_core_when_there_is_a_core_each():
-    """Every peer alike: ``ucxcomm run --bind-to core``, ``mpiexec -bind-to core``, pinned
-    gloo ranks and ucx_perftest pairs, when there is a core per rank; none with
-    ``--no-bind`` or more ranks than cores."""
+    """One decision for every launcher (``ucxcomm.bench.launchers``): ``ucxcomm run
+    --bind-to core``, ``mpiexec -bind-to core``, ``ucx_perftest``'s pair and gloo's ranks
+    pinned, when there is a core per rank; none with ``bind=False`` (``--no-bind``) or
+    more ranks than cores. ``ucxcomm bench`` and the tracking scripts both use it."""
     import os
 
+    prog = ["python", "prog.py"]
+    four, two = [3, 1, 2, 0], [5, 7]
+    assert launchers.bound_cores(2, available=four) == [0, 1]
+    assert launchers.bound_cores(3, available=two) is None
+    assert launchers.bound_cores(1, bind=False, available=four) is None
+    for n, cores, bound in ((2, four, True), (4, four, True), (3, two, False),
+                            (1, four, True)):
+        run = launchers.ucxcomm_run_cmd(n, prog, timeout=60.0, available=cores)
+        assert run[run.index("run"):] == ["run", "-n", str(n), "--timeout", "60",
+                                          *(["--bind-to", "core"] if bound else []), *prog]
+        mpi = launchers.mpiexec_cmd(n, prog, available=cores, exe="mpiexec")
+        assert mpi == ["mpiexec", *(["-bind-to", "core"] if bound else []), "-n", str(n),
+                       *prog]
+        unbound = launchers.ucxcomm_run_cmd(n, prog, timeout=60, bind=False, available=cores)
+        assert "--bind-to" not in unbound
+        assert "-bind-to" not in launchers.mpiexec_cmd(n, prog, bind=False, available=cores,
+                                                       exe="mpiexec")
+    assert launchers.perftest_cores(available=four) == [0, 1]
+    assert launchers.perftest_cores(available=[9]) is None
+    assert launchers.perftest_cores(bind=False, available=four) is None
+    assert launchers.pin(None, 0) is None and callable(launchers.pin([0, 1], 1))
+    # this machine: the driver of ``ucxcomm bench`` asks the same function
     cpus = sorted(os.sched_getaffinity(0))
     on, off = driver.Options(suites=["p2p"]), driver.Options(suites=["p2p"], bind=False)
     assert driver._cores(on, 2) == (cpus[:2] if len(cpus) >= 2 else None)
     assert driver._cores(on, len(cpus) + 1) is None
-    assert driver._cores(off, 1) is None and driver._bind_args(off, 1) == []
-    assert driver._bind_args(on, 1) == ["--bind-to", "core"]
+    assert driver._cores(off, 1) is None
+
+
+def test_tracking_scripts_build_their_jobs_with_ucxcomm_bench(monkeypatch):
+    """benchmarks/_driver.py starts its jobs through ``ucxcomm.bench.launchers`` (the
+    same command lines as ``ucxcomm bench``), ``--no-bind`` included."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import _driver
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(_driver, "run_bench", lambda cmd, env, timeout=0: seen.append(cmd)
+                        or [])
+    monkeypatch.setattr(_driver, "find_mpiexec", lambda: "mpiexec")
+    for bind in (True, False):
+        monkeypatch.setattr(_driver, "BIND", bind)
+        seen.clear()
+        _driver.ucxcomm_run(2, "p2p.py", "--rank", env={})
+        _driver.mpiexec_run(2, "baselines/mpi_p2p.py", env={})
+        py = sys.executable
+        assert seen[0] == launchers.ucxcomm_run_cmd(
+            2, [py, str(ROOT / "benchmarks" / "p2p.py"), "--rank"], timeout=900, bind=bind)
+        assert seen[1] == launchers.mpiexec_cmd(
+            2, [py, str(ROOT / "benchmarks" / "baselines" / "mpi_p2p.py")], bind=bind,
+            exe="mpiexec")
+        assert _driver.bound(2) == (launchers.bound_cores(2, bind) is not None)
 
 
 def test_sizes_parse():

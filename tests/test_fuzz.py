@@ -268,7 +268,7 @@ def test_packed_key_layout_is_read_or_refused(real_address, data):
 @CASES
 @given(st.binary(max_size=400))
 def test_stream_header_is_parsed_or_refused(data):
-    from ucxcomm.transport.stream import MAX_ARRAYS, _parse_header
+    from ucxcomm.pipes.stream import MAX_ARRAYS, _parse_header
 
     for payload in (data, b"\x01\x00" + data, b"\x01\x02" + data):
         try:
@@ -342,8 +342,8 @@ def _fuzz_listener(payloads: list[tuple[bytes, bool]]) -> None:
     """Each payload to a fresh connection of an in-process listener (after a valid
     opening frame when flagged); then a real client must still be served, the handler
     must never have run for the fuzz, and nothing may be logged at ERROR."""
+    from ucxcomm.pipes.listener import _ANSWER, _MAGIC, _OPEN, _VERSION
     from ucxcomm.transport import connect, listen
-    from ucxcomm.transport.listener import _ANSWER, _MAGIC, _OPEN, _VERSION
 
     async def run() -> None:
         served = []
@@ -396,8 +396,8 @@ def test_listener_survives_any_hello(length, body):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=64))
 def test_signal_of_any_size_is_delivered_only_whole(payload):
+    from ucxcomm.tags import CONN_SIGNAL as _SIGNAL_TAG
     from ucxcomm.transport import connect, listen
-    from ucxcomm.transport.endpoint import _SIGNAL_TAG
 
     async def run() -> None:
         got: asyncio.Future = asyncio.get_running_loop().create_future()

@@ -240,9 +240,11 @@ def test_transport_is_lazy():
     """``import ucxcomm`` loads the transport's contract only, never UCX (nor the
     modules that drive it)."""
     code = ("import sys, ucxcomm; lazy = ('ucxx', 'ucxcomm.transport.worker', "
-            "'ucxcomm.transport._ucx', 'ucxcomm.transport.listener'); "
+            "'ucxcomm.transport._ucx', 'ucxcomm.pipes', 'ucxcomm.pipes.listener'); "
             "assert not [m for m in lazy if m in sys.modules], sys.modules.keys(); "
-            "ucxcomm.transport.listen; assert 'ucxcomm.transport.listener' in sys.modules; "
+            "assert ucxcomm.transport.listen is ucxcomm.pipes.listen; "
+            "assert ucxcomm.transport.Connection is ucxcomm.pipes.Connection; "
+            "assert 'ucxcomm.pipes.listener' in sys.modules; "
             "assert 'ucxx' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 

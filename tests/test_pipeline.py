@@ -516,7 +516,7 @@ async def test_listen_bad_port():
 async def test_streams_between_hosts_use_an_endpoint_with_error_handling(monkeypatch):
     """Peers on different hosts (here: a host identity nobody shares) get an endpoint
     with UCX peer error handling (TCP here); streams and objects work the same."""
-    from ucxcomm.transport import listener as listener_mod
+    from ucxcomm.pipes import listener as listener_mod
 
     monkeypatch.setattr(listener_mod, "host_identity", lambda: b"")
 

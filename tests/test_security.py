@@ -24,11 +24,15 @@ import pytest
 
 import ucxcomm
 from ucxcomm import AuthenticationError, UcxCommError
+from ucxcomm._net import host_identity
+from ucxcomm.pipes.connection import _REGION
+from ucxcomm.pipes.listener import _ANSWER, _MAGIC, _OPEN, _VERSION
+from ucxcomm.pipes.stream import _pack_header
+from ucxcomm.tags import CONN_OBJ as _OBJ_TAG
+from ucxcomm.tags import CONN_REGION as _REGION_TAG
+from ucxcomm.tags import CONN_SIGNAL as _SIGNAL_TAG
 from ucxcomm.transport import connect, default_worker, listen
 from ucxcomm.transport.base import FULL_MASK
-from ucxcomm.transport.endpoint import _OBJ_TAG, _REGION, _REGION_TAG, _SIGNAL_TAG
-from ucxcomm.transport.listener import _ANSWER, _MAGIC, _OPEN, _VERSION, host_identity
-from ucxcomm.transport.stream import _pack_header
 
 ROOT = Path(__file__).resolve().parent.parent
 PROG = str(Path(__file__).resolve().parent / "security_prog.py")

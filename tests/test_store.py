@@ -162,7 +162,12 @@ async def test_unauthenticated_connections_are_bounded(server):
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     assert await _closed_by_server(reader, 5), "one connection too many was kept"
     writer.close()
-    for _, w in idle:
+    # Half-close each and wait for the server to close its end: only then has it
+    # counted the connection out (closing them outright raced the next connect, which
+    # the server could still refuse as one too many: seen under load).
+    for r, w in idle:
+        w.write_eof()
+        assert await _closed_by_server(r, 10)
         w.close()
     # Once they are gone a client with the token gets in.
     good = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)

@@ -12,7 +12,7 @@ import pytest
 
 from ucxcomm import ClosedError, PeerFailure
 from ucxcomm.transport import Worker
-from ucxcomm.transport.worker import FULL_MASK
+from ucxcomm.transport.base import FULL_MASK
 
 pytestmark = pytest.mark.timeout(60)
 

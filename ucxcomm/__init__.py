@@ -46,11 +46,11 @@ from .launch.bootstrap import finalize, init
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):  # PEP 562: `ucxcomm.transport` without importing it eagerly
-    if name == "transport":
+def __getattr__(name: str):  # PEP 562: `ucxcomm.transport`/`.pipes` without importing eagerly
+    if name in ("transport", "pipes"):
         import importlib
 
-        return importlib.import_module(".transport", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'ucxcomm' has no attribute {name!r}")
 
 

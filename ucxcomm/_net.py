@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import os
 import socket
 
 from . import settings
 
-__all__ = ["watch_liveness"]
+__all__ = ["host_identity", "is_loopback", "watch_liveness"]
 
 
 def watch_liveness(writer: asyncio.StreamWriter) -> None:
@@ -29,3 +31,27 @@ def watch_liveness(writer: asyncio.StreamWriter) -> None:
     for level, opt, value in opts:
         with contextlib.suppress(OSError):
             sock.setsockopt(level, opt, value)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only: ``localhost`` or a loopback address
+    (``127.0.0.0/8``, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def host_identity() -> bytes:
+    """What two processes share when they can reach each other's shared memory: the
+    kernel's boot id and the network and IPC namespaces (empty when unknown: never
+    treated as the same host)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            boot = f.read().strip()
+        net, ipc = (os.stat(f"/proc/self/ns/{ns}").st_ino for ns in ("net", "ipc"))
+    except OSError:
+        return b""
+    return boot + f":{net}:{ipc}".encode()

@@ -32,7 +32,7 @@ async def main(args: argparse.Namespace) -> None:
     served = 0
     stop = asyncio.Event()
 
-    async def serve(ep: ucxcomm.transport.Endpoint) -> None:
+    async def serve(ep: ucxcomm.pipes.Connection) -> None:
         nonlocal served
         batch = xp.empty(args.mib * (1 << 20) // 4, dtype=xp.float32)
         try:

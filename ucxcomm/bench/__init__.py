@@ -6,5 +6,7 @@ The driver (:mod:`ucxcomm.bench.driver`, behind ``ucxcomm bench``) starts one jo
 implementation and message size, alternating implementations within each size so that
 the noise of a shared machine hits every one alike; each job is a small program
 (``ranks_*`` modules) started under that implementation's own launcher, which prints its
-measurements as ``BENCH {json}`` lines. Nothing here is imported by ``import ucxcomm``.
+measurements as ``BENCH {json}`` lines. :mod:`ucxcomm.bench.launchers` decides binding and
+builds every launcher's command line, for this driver and for the tracking scripts in
+``benchmarks/`` alike. Nothing here is imported by ``import ucxcomm``.
 """

@@ -10,18 +10,16 @@ and a PNG on request. A peer that is not installed is skipped with a one-line no
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from . import launchers as _launch
 from . import perftest as _perftest
 from .spec import DEFAULT_SIZES, OPS, QUICK_SIZES, SUITES, applies, size_label
 
@@ -114,30 +112,19 @@ def settings(opts: Options) -> dict[str, str]:
 # --------------------------------------------------------------------------- job runners
 def _run(cmd: list[str], env: dict, timeout: float) -> tuple[list[dict], str | None]:
     """Records of ``cmd``'s ``BENCH`` lines and an error note (None when it succeeded)."""
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    job = _launch.run(cmd, env, timeout)
+    if job.returncode is None:
         return [], f"timed out after {timeout:.0f} s"
-    recs = [json.loads(ln[6:]) for ln in proc.stdout.splitlines() if ln.startswith("BENCH ")]
-    if proc.returncode != 0:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        return recs, f"exit {proc.returncode}: {tail[-400:]}"
-    return recs, None
+    if job.returncode != 0:
+        tail = " | ".join(job.stderr.strip().splitlines()[-3:])
+        return job.records, f"exit {job.returncode}: {tail[-400:]}"
+    return job.records, None
 
 
 def _cores(opts: Options, n: int) -> list[int] | None:
-    """The cores of a job of ``n`` ranks bound one per core, or None (unbound: ``--no-bind``,
-    or fewer cores than ranks). Unbound, two spinning ranks on this 2-core VM were now
-    and then stacked on one core by the scheduler (8 B TCP latency 4.7-5.0 or 6.0-6.4 us
-    from one run to the next, ucx_perftest alike)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    return cpus[:n] if opts.bind and n <= len(cpus) else None
-
-
-def _bind_args(opts: Options, n: int) -> list[str]:
-    """``ucxcomm run``'s binding arguments for a job of ``n`` ranks."""
-    return ["--bind-to", "core"] if _cores(opts, n) is not None else []
+    """The cores of a job of ``n`` ranks bound one per core, or None
+    (:func:`ucxcomm.bench.launchers.bound_cores`)."""
+    return _launch.bound_cores(n, opts.bind)
 
 
 def _job_args(suite: str, ops: list[str], size: int, opts: Options) -> list[str]:
@@ -147,11 +134,9 @@ def _job_args(suite: str, ops: list[str], size: int, opts: Options) -> list[str]
 
 def _under_ucxcomm(module: str) -> Callable[..., list[dict]]:
     def start(suite, ops, size, n, opts, env, note):
-        py = sys.executable
-        cmd = [py, "-m", "ucxcomm.cli", "run", "-n", str(n), "--timeout",
-               str(int(opts.timeout)), *_bind_args(opts, n), py, "-m",
-               f"ucxcomm.bench.{module}",
-               *_job_args(suite, ops, size, opts)]
+        cmd = _launch.ucxcomm_run_cmd(
+            n, [sys.executable, "-m", f"ucxcomm.bench.{module}",
+                *_job_args(suite, ops, size, opts)], timeout=opts.timeout, bind=opts.bind)
         recs, err = _run(cmd, env, opts.timeout + 30)
         if err:
             note(err)
@@ -159,17 +144,11 @@ def _under_ucxcomm(module: str) -> Callable[..., list[dict]]:
     return start
 
 
-def _mpiexec() -> str | None:
-    exe = shutil.which("mpiexec", path=str(Path(sys.executable).parent))
-    return exe or shutil.which("mpiexec")
-
-
 def _start_mpi(suite, ops, size, n, opts, env, note):
     if opts.transport == "tcp":  # MPICH's own UCX finds no peer with lo alone
         env = {k: v for k, v in env.items() if k != "UCX_NET_DEVICES"}
-    bind = ["-bind-to", "core"] if _cores(opts, n) is not None else []
-    cmd = [_mpiexec() or "mpiexec", *bind, "-n", str(n), sys.executable, "-m",
-           "ucxcomm.bench.ranks_mpi", *_job_args(suite, ops, size, opts)]
+    cmd = _launch.mpiexec_cmd(n, [sys.executable, "-m", "ucxcomm.bench.ranks_mpi",
+                                  *_job_args(suite, ops, size, opts)], bind=opts.bind)
     recs, err = _run(cmd, env, opts.timeout)
     if err:
         note(err)
@@ -185,11 +164,9 @@ def _start_gloo(suite, ops, size, n, opts, env, note):
     for r in range(n):
         renv = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(r),
                     WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n))
-        bind = None if cores is None else functools.partial(os.sched_setaffinity, 0,
-                                                             (cores[r],))
         procs.append(subprocess.Popen(cmd, env=renv, stdin=subprocess.DEVNULL, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      preexec_fn=bind))
+                                      preexec_fn=_launch.pin(cores, r)))
     deadline = time.monotonic() + opts.timeout
     outs = []
     try:
@@ -210,7 +187,7 @@ def _start_gloo(suite, ops, size, n, opts, env, note):
     if bad:
         tail = " | ".join(outs[bad[0][0]][1].strip().splitlines()[-3:])
         note(f"rank {bad[0][0]} exit {bad[0][1]}: {tail[-400:]}")
-    return [json.loads(ln[6:]) for ln in outs[0][0].splitlines() if ln.startswith("BENCH ")]
+    return _launch.parse_records(outs[0][0])
 
 
 def _start_asyncio(suite, ops, size, n, opts, env, note):
@@ -245,11 +222,10 @@ def _torch(backend: str) -> Callable[..., list[dict]]:
     """The torch suite's job: ``ucxcomm run`` (which exports torchrun's variables) of
     :mod:`ucxcomm.bench.ranks_torch` over ``backend``."""
     def start(suite, ops, size, n, opts, env, note):
-        py = sys.executable
-        cmd = [py, "-m", "ucxcomm.cli", "run", "-n", str(n), "--timeout",
-               str(int(opts.timeout)), *_bind_args(opts, n), py, "-m",
-               "ucxcomm.bench.ranks_torch",
-               *_job_args(suite, ops, size, opts), "--backend", backend]
+        cmd = _launch.ucxcomm_run_cmd(
+            n, [sys.executable, "-m", "ucxcomm.bench.ranks_torch",
+                *_job_args(suite, ops, size, opts), "--backend", backend],
+            timeout=opts.timeout, bind=opts.bind)
         recs, err = _run(cmd, env, opts.timeout + 30)
         if err:
             note(err)
@@ -283,7 +259,7 @@ def _start_perftest(suite, ops, size, n, opts, env, note):
         iters = (2000 if opts.quick else 20000) if lat and size <= 65536 else \
             (20 if opts.quick else 200)
         got = _perftest.perftest(test, size, iters, penv, mem="cuda" if opts.gpu else None,
-                                 cores=_cores(opts, 2))
+                                 cores=_launch.perftest_cores(opts.bind))
         if got is None:
             note(f"ucx_perftest -t {test} -s {size} failed")
             continue
@@ -302,12 +278,6 @@ def _needs_module(name: str, hint: str) -> Callable[[], str | None]:
     return lambda: None if importlib.util.find_spec(name) else f"{name} not installed ({hint})"
 
 
-def _mpi_missing() -> str | None:
-    if importlib.util.find_spec("mpi4py") is None or _mpiexec() is None:
-        return "mpi4py/mpiexec not installed (pip install 'ucxcomm[bench]')"
-    return None
-
-
 P2P, RMA, COLL = SUITES["p2p"], SUITES["rma"], SUITES["collectives"]
 PIPE = SUITES["pipeline"]
 _UCXX_MODES = ("ucxx-polling", "ucxx-blocking", "ucxx-thread")
@@ -323,7 +293,7 @@ IMPLS: dict[str, Impl] = {i.name: i for i in [
     Impl("ucxx", {"p2p": P2P, "pipeline": PIPE}, _needs_module("ucxx", "a ucxcomm dependency"),
          _by_suite(p2p=_under_ucxcomm("ranks_ucxx"), pipeline=_pipeline(_UCXX_MODES)),
          gpu=("p2p",)),
-    Impl("mpi4py", {"p2p": P2P, "rma": RMA, "collectives": COLL}, _mpi_missing, _start_mpi),
+    Impl("mpi4py", {"p2p": P2P, "rma": RMA, "collectives": COLL}, _launch.mpi_missing, _start_mpi),
     Impl("gloo", {"p2p": P2P, "collectives": COLL, "torch": SUITES["torch"]},
          _needs_module("torch", "pip install torch"),
          _by_suite(p2p=_start_gloo, collectives=_start_gloo, torch=_torch("gloo")),
@@ -417,6 +387,7 @@ def run(opts: Options) -> list[dict]:
                 records.append(rec)
     progress.done()
     if opts.json_out:
+        os.makedirs(os.path.dirname(opts.json_out) or ".", exist_ok=True)
         with open(opts.json_out, "w") as f:
             for rec in records:
                 f.write(json.dumps(rec) + "\n")

@@ -3,14 +3,13 @@ pair on loopback per measurement."""
 
 from __future__ import annotations
 
-import functools
-import os
 import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..launch.ports import free_port
+from .launchers import pin
 
 __all__ = ["executable", "free_port", "perftest"]
 
@@ -40,8 +39,7 @@ def perftest(test: str, size: int, iters: int, env: dict, timeout: float = 300,
     mflag = ["-m", mem] if mem else []
     if cores is not None and len(cores) < 2:
         raise ValueError(f"cores: one CPU for the server and one for the client, got {cores}")
-    bind = [None, None] if cores is None else [
-        functools.partial(os.sched_setaffinity, 0, (c,)) for c in cores[:2]]
+    bind = [pin(cores, 0), pin(cores, 1)]
     server = subprocess.Popen([str(exe), "-p", str(port), *mflag], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               preexec_fn=bind[0])

@@ -131,7 +131,7 @@ async def ucxcomm_consumer(schedule: list[tuple[int, int, int]], window: int) ->
 
     done = asyncio.get_running_loop().create_future()
 
-    async def handler(ep: ucxcomm.transport.Endpoint) -> None:
+    async def handler(ep: ucxcomm.pipes.Connection) -> None:
         async with ep.stream_reader(window=window) as rx:
             for _size, count, reps in schedule:
                 for _ in range(reps):
@@ -142,7 +142,7 @@ async def ucxcomm_consumer(schedule: list[tuple[int, int, int]], window: int) ->
         await ep.close()
         done.set_result(None)
 
-    async with await ucxcomm.transport.listen(handler) as lst:
+    async with await ucxcomm.pipes.listen(handler) as lst:
         print("PORT", lst.port, flush=True)
         await done
 
@@ -150,7 +150,7 @@ async def ucxcomm_consumer(schedule: list[tuple[int, int, int]], window: int) ->
 async def ucxcomm_producer(schedule: list[tuple[int, int, int]], port: int) -> None:
     import ucxcomm
 
-    ep = await ucxcomm.transport.connect("127.0.0.1", port, timeout=60)
+    ep = await ucxcomm.pipes.connect("127.0.0.1", port, timeout=60)
     print(f"# ucxcomm lanes: {ep.transport_info()}", file=sys.stderr, flush=True)
     ack = bytearray(1)
     tx = ep.stream_writer()
@@ -174,7 +174,7 @@ def run_pair(impl: str, schedule: str, env: dict, timeout: float, window: int = 
              ) -> tuple[list[dict], str | None]:
     """Start ``impl``'s consumer, then its producer; the producer's records and an error
     note (None when both finished)."""
-    import json
+    from .launchers import parse_records
 
     base = [sys.executable, "-m", "ucxcomm.bench.ranks_pipeline"]
     consumer = subprocess.Popen([*base, "consumer", impl, schedule, str(window)], env=env,
@@ -194,8 +194,7 @@ def run_pair(impl: str, schedule: str, env: dict, timeout: float, window: int = 
                                   stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return [], f"the producer timed out after {timeout:.0f} s"
-        recs = [json.loads(ln[6:]) for ln in prod.stdout.splitlines()
-                if ln.startswith("BENCH ")]
+        recs = parse_records(prod.stdout)
         if prod.returncode != 0:
             return recs, f"producer exit {prod.returncode}: {prod.stderr.strip()[-300:]}"
         consumer.wait(timeout=60)

@@ -1,5 +1,6 @@
 """MPI semantics over the transport: communicators, requests, ops (never imports UCX)."""
 
+from ..tags import ANY_SOURCE, ANY_TAG, TAG_UB
 from .collectives import IN_PLACE
 from .communicator import Comm, World
 from .ops import (
@@ -20,7 +21,6 @@ from .ops import (
     Op,
 )
 from .request import Request, Status
-from .tags import ANY_SOURCE, ANY_TAG, TAG_UB
 
 __all__ = ["ANY_SOURCE", "ANY_TAG", "BAND", "BOR", "BXOR", "IN_PLACE", "LAND", "LOR", "LXOR",
            "MAX", "MAXLOC", "MIN", "MINLOC", "NO_OP", "PROD", "REPLACE", "SUM", "TAG_UB", "Comm",

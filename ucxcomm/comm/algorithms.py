@@ -12,7 +12,7 @@ then distribute it.
 
 This module never touches UCX: it posts tag sends/receives through the communicator's
 :class:`~ucxcomm.comm.group.Group` (its transport and endpoints, typed by
-:mod:`ucxcomm.transport.base`); tags come from :mod:`ucxcomm.comm.tags`.
+:mod:`ucxcomm.transport.base`); tags come from :mod:`ucxcomm.tags`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import TruncationError
-from .tags import FULL_MASK, KIND_COLL, make_tag, with_source
+from ..tags import FULL_MASK, KIND_COLL, make_tag, with_source
 
 if TYPE_CHECKING:
     from ..transport.base import Target, Transport

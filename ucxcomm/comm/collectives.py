@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .._buffers import typed_flat
+from .._deadline import within
+from ..tags import KIND_COLL, make_tag
 from . import algorithms as alg
 from .algorithms import Buf, Chan, binomial
-from .group import with_timeout
 from .ops import MAX, MIN, SUM, Op
 from .request import Request
 from .small import DONE, SMALL_MAX_RANKS, SmallCollectives, small_ok
-from .tags import KIND_COLL, make_tag
 
 if TYPE_CHECKING:
     from .group import Group
@@ -661,7 +661,7 @@ class Collectives:
         ClosedError, PeerFailure, CommTimeoutError
         """
         self._check_open()
-        return with_timeout(self._barrier(), timeout, "barrier")
+        return within(self._barrier(), timeout, "barrier")
 
     def ibarrier(self) -> Request:
         """Non-blocking barrier."""

@@ -17,16 +17,26 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._deadline import check_timeout, limit, within
 from .._serialize import FRAMED, encode, loads_inline
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError, UcxCommError
+from ..tags import (
+    _SRC_MASK,
+    _SRC_SHIFT,
+    _TAG_MASK,
+    ANY_SOURCE,
+    ANY_TAG,
+    KIND_P2P,
+    TAG_UB,
+    split_tag,
+)
 from .algorithms import ScratchPool
 from .collectives import Collectives
-from .group import Group, check_int, check_timeout, with_timeout
+from .group import Group, check_int
 from .ops import SUM, Op
 from .pool import FramePool
 from .request import Request, Status
 from .small import DONE
-from .tags import _SRC_MASK, _SRC_SHIFT, _TAG_MASK, ANY_SOURCE, ANY_TAG, KIND_P2P, TAG_UB, split_tag
 
 if TYPE_CHECKING:  # annotations only: importing ucxcomm must not load the transport
     from ..transport.base import Link, RecvResult, Transport
@@ -69,7 +79,7 @@ class World:
         self.rank = rank
         self.size = size
         self.addresses = addresses
-        #: Each rank's host identity (``listener.host_identity``; empty: unknown), when
+        #: Each rank's host identity (``_net.host_identity``; empty: unknown), when
         #: the bootstrap exchanged them: endpoints to ranks known to be on another host
         #: may use UCX peer error handling (:meth:`Transport.connect`).
         self.hosts = hosts
@@ -286,7 +296,7 @@ class Comm:
             if timeout is None:
                 await self._transport.complete(fut)
             else:
-                await with_timeout(self._transport.complete(fut), timeout, "Send")
+                await within(self._transport.complete(fut), timeout, "Send")
 
     def _post_recv(self, buf: Any, source: Any, tag: Any, kind: int = KIND_P2P,
                    spin: bool = False, finish: Any = None, post: bool = False) -> Any:
@@ -329,7 +339,7 @@ class Comm:
             return recv_status(res)  # (raises TruncationError)
         if timeout is None:
             return await self._await_recv(res)  # type: ignore[no-any-return]
-        return await with_timeout(  # type: ignore[no-any-return]
+        return await within(  # type: ignore[no-any-return]
             self._await_recv(res), timeout, "Recv")
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
@@ -389,10 +399,10 @@ class Comm:
             if timeout is None:
                 await self._transport.complete(futs[0])
             else:
-                await with_timeout(self._transport.complete(futs[0]), timeout, "send")
+                await within(self._transport.complete(futs[0]), timeout, "send")
         else:
             self._transport.wake()
-            await with_timeout(asyncio.gather(*futs), timeout, "send")
+            await within(asyncio.gather(*futs), timeout, "send")
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
         """Start sending an object; returns a :class:`Request`."""
@@ -427,7 +437,7 @@ class Comm:
         if timeout is None:
             obj, status = await self._finish_recv_obj(res)
         else:
-            obj, status = await with_timeout(self._finish_recv_obj(res), timeout, "recv")
+            obj, status = await within(self._finish_recv_obj(res), timeout, "recv")
         return (obj, status) if return_status else obj
 
     def irecv(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
@@ -469,7 +479,7 @@ class Comm:
                 await asyncio.gather(*futs)
             return got
 
-        obj, status = await with_timeout(both(), timeout, "sendrecv")
+        obj, status = await within(both(), timeout, "sendrecv")
         return (obj, status) if return_status else obj
 
     async def Sendrecv(self, sendbuf: Any, dest: int, recvbuf: Any, source: int = ANY_SOURCE,
@@ -491,7 +501,7 @@ class Comm:
                 await sfut
             return recv_status(res)
 
-        return await with_timeout(both(), timeout, "Sendrecv")
+        return await within(both(), timeout, "Sendrecv")
 
     # ------------------------------------------------------------------ probe
     def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status | None:
@@ -512,7 +522,7 @@ class Comm:
             check_timeout(timeout, "probe")
         source, tag = self._check_recv(source, tag)
         fut = self._transport.probe_wait(*self._match(KIND_P2P, source, tag))
-        got = await with_timeout(self._await_recv(fut), timeout, "probe")
+        got = await within(self._await_recv(fut), timeout, "probe")
         return Group.status(*got)
 
     # ----------------------------------------------------------- communicators
@@ -813,18 +823,15 @@ class Comm:
         ValueError, TypeError
             A bad ``timeout`` (before any I/O).
         """
-        check_timeout(timeout, what)
         coll = self._coll
-        deadline = asyncio.timeout(timeout)
         try:
-            async with deadline:
+            async with limit(check_timeout(timeout, what), what):
                 res = call(*args)
                 if res is DONE:
                     return None
                 return await res
-        except TimeoutError:
-            if not deadline.expired():
-                raise
+        except CommTimeoutError:
+            pass
         if self._coll is coll:
             self._coll = _OutOfStep(
                 f"{what} timed out after {timeout:g} s on rank {self.rank}, so the ranks' "

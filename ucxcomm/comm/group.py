@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import numbers
-from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .._serialize import FRAMED, Header, decode_header, encode, loads, loads_inline
-from ..errors import ClosedError, CommTimeoutError
-from .request import Status
-from .tags import (
+from ..errors import ClosedError
+from ..tags import (
     ANY_SOURCE,
     ANY_TAG,
     FULL_MASK,
@@ -29,13 +27,14 @@ from .tags import (
     make_tag,
     split_tag,
 )
+from .request import Status
 
 if TYPE_CHECKING:  # annotations only: importing ucxcomm must not load the transport
     from ..transport.base import Link, Peers, RecvResult, Transport
     from .algorithms import ScratchPool
     from .communicator import World
 
-__all__ = ["Group", "check_int", "with_timeout"]
+__all__ = ["Group", "check_int"]
 
 #: A posted receive: its result when it finished at once, else the future to await.
 Posted: TypeAlias = "RecvResult | asyncio.Future"
@@ -46,30 +45,6 @@ def check_int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{what} must be an int, got {type(value).__name__}")
     return int(value)
-
-
-def check_timeout(timeout: Any, what: str) -> None:
-    """A ``timeout=`` argument: None, or a number of seconds >= 0 (ValueError/TypeError
-    at the call, before any I/O)."""
-    if timeout is None:
-        return
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{what}: timeout must be a number of seconds or None, got "
-                        f"{timeout!r}")
-    if not timeout >= 0 or timeout == float("inf"):  # (also NaN)
-        raise ValueError(f"{what}: timeout must be >= 0 seconds (or None: no limit), got "
-                         f"{timeout!r}")
-
-
-async def with_timeout(aw: Awaitable[Any], timeout: float | None, what: str) -> Any:
-    """Await ``aw``; past ``timeout`` seconds raise :class:`~ucxcomm.CommTimeoutError`."""
-    if timeout is None:
-        return await aw
-    try:
-        async with asyncio.timeout(timeout):
-            return await aw
-    except TimeoutError:
-        raise CommTimeoutError(f"{what} did not complete within {timeout:g} s") from None
 
 
 class Group:

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ClosedError, TruncationError
+from ..tags import KIND_COLL, make_tag
 from . import algorithms as alg
 from .algorithms import Chan, _whole
 from .ops import SUM
-from .tags import KIND_COLL, make_tag
 
 if TYPE_CHECKING:
     from .group import Group

@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._buffers import typed_flat
+from .._deadline import NEVER, Deadline, check_timeout, within
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, WindowError
 from .collectives import _ufunc
-from .group import check_timeout, with_timeout
 from .ops import BAND, BOR, BXOR, NO_OP, REPLACE, SUM, Op
 
 if TYPE_CHECKING:  # annotations only: importing ucxcomm must not load the transport
@@ -75,30 +75,6 @@ for _t in (np.int32, np.uint32, np.int64, np.uint64):
 #: timeouts too (issue 15, fault suite). A round trip costs microseconds, once per 1 ms.
 YIELD_S = 1e-3
 _monotonic = time.monotonic
-
-
-class _Deadline:
-    """A call's ``timeout=`` as a point in time: what is left of it, and a check that
-    raises :class:`~ucxcomm.CommTimeoutError` once it passed (for the calls that must
-    not be cancelled half way: taking a remote lock)."""
-
-    __slots__ = ("end", "timeout", "what")
-
-    def __init__(self, timeout: Any, what: str) -> None:
-        check_timeout(timeout, what)
-        self.timeout, self.what = timeout, what
-        self.end = None if timeout is None else _monotonic() + timeout
-
-    def left(self) -> float | None:
-        return None if self.end is None else max(0.0, self.end - _monotonic())
-
-    def check(self) -> None:
-        if self.end is not None and _monotonic() >= self.end:
-            raise CommTimeoutError(f"{self.what} did not complete within "
-                                   f"{self.timeout:g} s")
-
-
-_NO_DEADLINE = _Deadline(None, "")
 
 
 def _native(op: Op, dt: np.dtype) -> bool:
@@ -142,7 +118,7 @@ class Win:
         if type(nbytes) is not int or nbytes < 0:
             raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
         return await cls._make(comm, None, disp_unit, nbytes,
-                               deadline=_Deadline(timeout, "Win.Allocate"))
+                               deadline=Deadline(timeout, "Win.Allocate"))
 
     @classmethod
     async def Create(cls, comm: Comm, buf: Any, disp_unit: int = 1, *,
@@ -150,11 +126,11 @@ class Win:
         """Collective: expose ``buf`` (a writable, contiguous buffer) on every rank."""
         typed_flat(buf, writable=True, what="Win.Create buffer")  # checks, no I/O
         return await cls._make(comm, buf, disp_unit,
-                               deadline=_Deadline(timeout, "Win.Create"))
+                               deadline=Deadline(timeout, "Win.Create"))
 
     @classmethod
     async def _make(cls, comm: Comm, buf: Any, disp_unit: int, nbytes: int = 0,
-                    deadline: _Deadline = _NO_DEADLINE) -> Win:
+                    deadline: Deadline = NEVER) -> Win:
         """``buf`` None: allocate ``nbytes`` through the transport."""
         transport = comm.group.transport
         if type(disp_unit) is not int or disp_unit < 1:
@@ -192,7 +168,7 @@ class Win:
         # aborts a process that receives connection setup from a peer that died
         # meanwhile (seen in CI: a rank dying right after creating a window).
         for rm in self._ctl:  # (the data keys use the same endpoints)
-            await with_timeout(rm.wireup(), deadline.left(), deadline.what)
+            await deadline.wait(rm.wireup())
         await comm.barrier(timeout=deadline.left())
         self._held = {}  # rank -> exclusive?
         self._closed = False
@@ -232,7 +208,7 @@ class Win:
         ``origin`` may be reused (visible at the target after Flush/Unlock/Fence)."""
         if timeout is not None:
             check_timeout(timeout, "Put")
-            return await with_timeout(self.Put(origin, target_rank, target_disp), timeout,
+            return await within(self.Put(origin, target_rank, target_disp), timeout,
                                       "Put")
         r = self._check(target_rank)
         if type(origin) is _ndarray and origin.flags.c_contiguous and \
@@ -248,7 +224,7 @@ class Win:
         """Read ``len(origin)`` bytes of ``target_rank``'s window into ``origin``."""
         if timeout is not None:
             check_timeout(timeout, "Get")
-            return await with_timeout(self.Get(origin, target_rank, target_disp), timeout,
+            return await within(self.Get(origin, target_rank, target_disp), timeout,
                                       "Get")
         r = self._check(target_rank)
         if type(origin) is _ndarray and origin.flags.c_contiguous and \
@@ -263,17 +239,17 @@ class Win:
                          op: Op = SUM, *, timeout: float | None = None) -> None:
         """``target = op(target, origin)`` element-wise, atomically per element."""
         await self._accumulate(origin, None, target_rank, target_disp, op,
-                               _Deadline(timeout, "Accumulate"))
+                               Deadline(timeout, "Accumulate"))
 
     async def Get_accumulate(self, origin: Any, result: Any, target_rank: int,
                              target_disp: int = 0, op: Op = SUM, *,
                              timeout: float | None = None) -> None:
         """Like :meth:`Accumulate`, and ``result`` receives the previous target values."""
         await self._accumulate(origin, result, target_rank, target_disp, op,
-                               _Deadline(timeout, "Get_accumulate"))
+                               Deadline(timeout, "Get_accumulate"))
 
     async def _accumulate(self, origin: Any, result: Any, target_rank: int,
-                          target_disp: int, op: Op, deadline: _Deadline) -> None:
+                          target_disp: int, op: Op, deadline: Deadline) -> None:
         what = deadline.what
         r = self._check(target_rank)
         if not isinstance(op, Op) or (op.ufunc is None and op not in (REPLACE, NO_OP)):
@@ -290,7 +266,7 @@ class Win:
         off = self._offset(r, target_disp, src.nbytes, what)
         if _native(op, dt):  # one remote atomic per element, all in flight together
             values = [0] * src.size if op is NO_OP else src.tolist()
-            olds = await with_timeout(
+            olds = await within(
                 self._mem[r].atomic_many(_FOP[op], values, off, dt, fetch=res is not None),
                 deadline.left(), what)
             if res is not None:
@@ -299,7 +275,7 @@ class Win:
         await self._locked_update(r, off, src, res, op, deadline)
 
     @contextlib.asynccontextmanager
-    async def _acc_lock(self, r: int, deadline: _Deadline) -> AsyncIterator[Remote]:
+    async def _acc_lock(self, r: int, deadline: Deadline) -> AsyncIterator[Remote]:
         """Hold rank ``r``'s accumulate lock (a remote CAS spin lock); yields its memory.
         Updates made inside are flushed before the lock is released. ``deadline`` is
         checked between attempts (never inside one: a lock won must be known)."""
@@ -323,7 +299,7 @@ class Win:
             await ctl.flush()
 
     async def _locked_update(self, r: int, off: int, src: np.ndarray, res: Any,
-                             op: Op, deadline: _Deadline) -> None:
+                             op: Op, deadline: Deadline) -> None:
         """get-op-put under rank ``r``'s accumulate lock (atomic w.r.t. the others)."""
         async with self._acc_lock(r, deadline) as mem:
             cur = np.empty_like(src)
@@ -345,13 +321,13 @@ class Win:
         """Apply ``op`` with ``value`` to one element; returns the previous value."""
         amo = _FOP.get(op) if dtype in _INT_AMO_KEYS else None
         if timeout is not None:
-            deadline = _Deadline(timeout, "Fetch_and_op")
+            deadline = Deadline(timeout, "Fetch_and_op")
             if amo is not None:
-                return await with_timeout(self.Fetch_and_op(value, target_rank,
+                return await within(self.Fetch_and_op(value, target_rank,
                                                             target_disp, op, dtype),
                                           timeout, "Fetch_and_op")
         else:
-            deadline = _NO_DEADLINE
+            deadline = NEVER
         if amo is not None:  # the common case, kept short: one remote atomic
             r = self._check(target_rank)
             size = _INT_AMO_KEYS[dtype]
@@ -360,8 +336,8 @@ class Win:
         dt = np.dtype(dtype)
         src = np.array([value], dtype=dt)
         res = np.empty(1, dtype=dt)
-        if deadline is _NO_DEADLINE:
-            deadline = _Deadline(None, "Fetch_and_op")
+        if deadline is NEVER:
+            deadline = Deadline(None, "Fetch_and_op")
         await self._accumulate(src, res, target_rank, target_disp, op, deadline)
         return res[0].item()
 
@@ -369,12 +345,12 @@ class Win:
                                target_disp: int = 0, dtype: Any = np.int64, *,
                                timeout: float | None = None) -> Any:
         """Write ``value`` if the element equals ``compare``; returns the old value."""
-        deadline = _Deadline(timeout, "Compare_and_swap")
+        deadline = Deadline(timeout, "Compare_and_swap")
         r = self._check(target_rank)
         dt = np.dtype(dtype)
         off = self._offset(r, target_disp, dt.itemsize, "Compare_and_swap")
         if dt in _INT_AMO:
-            return await with_timeout(
+            return await within(
                 self._mem[r].atomic("cswap", value, off, dt, compare=compare),
                 deadline.left(), "Compare_and_swap")
         src = np.array([value], dtype=dt)
@@ -402,11 +378,11 @@ class Win:
             await self._let_loop_run()
         if self._dead(r):
             raise PeerFailure(f"Flush: rank {r} died", peer=r)
-        await with_timeout(self._mem[r].flush(), timeout, "Flush")
+        await within(self._mem[r].flush(), timeout, "Flush")
 
     async def Flush_all(self, *, timeout: float | None = None) -> None:
         """:meth:`Flush` every rank."""
-        deadline = _Deadline(timeout, "Flush_all")
+        deadline = Deadline(timeout, "Flush_all")
         for r in range(len(self._mem)):
             await self.Flush(r, timeout=deadline.left())
 
@@ -414,7 +390,7 @@ class Win:
         """Complete all of this rank's operations, then synchronize all ranks
         (collective: one that timed out leaves the communicator's collectives out of
         step)."""
-        deadline = _Deadline(timeout, "Fence")
+        deadline = Deadline(timeout, "Fence")
         await self.Flush_all(timeout=deadline.left())
         await self.comm.barrier(timeout=deadline.left())
 
@@ -432,7 +408,7 @@ class Win:
             Still held by others after ``timeout`` seconds (checked between attempts:
             the lock is not taken).
         """
-        deadline = _Deadline(timeout, "Lock")
+        deadline = Deadline(timeout, "Lock")
         r = self._check(rank)
         if r in self._held:
             raise RuntimeError(f"rank {r} is already locked by this rank")
@@ -506,7 +482,7 @@ class Win:
             raise PeerFailure(f"Unlock: rank {r} died", peer=r)
         # Shielded: once this rank has forgotten the lock, a cancellation of the caller
         # must not leave the lock word set at the target (every other rank would spin).
-        await with_timeout(asyncio.shield(self._release(r, exclusive)), timeout, "Unlock")
+        await within(asyncio.shield(self._release(r, exclusive)), timeout, "Unlock")
 
     async def _release(self, r: int, exclusive: bool) -> None:
         await self._mem[r].flush()
@@ -517,7 +493,7 @@ class Win:
 
     async def Lock_all(self, *, timeout: float | None = None) -> None:
         """Shared lock on every rank (one that times out releases those it took)."""
-        deadline = _Deadline(timeout, "Lock_all")
+        deadline = Deadline(timeout, "Lock_all")
         taken = []
         try:
             for r in range(len(self._mem)):
@@ -531,7 +507,7 @@ class Win:
     async def Unlock_all(self, *, timeout: float | None = None) -> None:
         """Unlock every rank this rank holds locked (all of them, also when one raises
         ``PeerFailure``: the first such error is raised at the end)."""
-        deadline = _Deadline(timeout, "Unlock_all")
+        deadline = Deadline(timeout, "Unlock_all")
         failure: PeerFailure | None = None
         for r in list(self._held):
             try:
@@ -563,7 +539,7 @@ class Win:
         collectives out of step)."""
         if self._closed:
             return
-        deadline = _Deadline(timeout, "Free")
+        deadline = Deadline(timeout, "Free")
         try:
             await self.Flush_all(timeout=deadline.left())
             await self.comm.barrier(timeout=deadline.left())

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import settings
+from .._deadline import Deadline, check_timeout
 from ..comm import Comm, World
-from ..comm.tags import MAX_RANKS
-from ..errors import BootstrapError
+from ..errors import BootstrapError, CommTimeoutError
+from ..tags import MAX_RANKS
 from .store import StoreClient, StoreServer
 
 __all__ = ["WorldSpec", "detect", "finalize", "init", "parse_nodelist", "watch_peers"]
@@ -245,9 +246,28 @@ def unpack_address(value: bytes) -> tuple[bytes, bytes]:
 
 async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | None,
                       policy: Any = None) -> World:
+    """The world, formed within ``timeout`` seconds in all (one deadline for every step).
+
+    Raises
+    ------
+    CommTimeoutError
+        The store or a rank's address did not come in time (which step says why).
+    """
+    deadline = Deadline(timeout, "forming the world", zero=False)
+    try:
+        return await _form_world_steps(spec, deadline, config, policy)
+    except CommTimeoutError as exc:
+        if not deadline.passed():
+            raise
+        raise CommTimeoutError(f"the world did not form within {timeout:g} s "
+                               f"(UCXCOMM_TIMEOUT or init(timeout=)): {exc}") from None
+
+
+async def _form_world_steps(spec: WorldSpec, deadline: Deadline, config: dict[str, str] | None,
+                            policy: Any) -> World:
+    from .._net import host_identity
     from ..transport import Worker  # keep `import ucxcomm` free of UCX
     from ..transport.config import policy_from, prepare
-    from ..transport.listener import host_identity
 
     # Transport policy first: transport="rdma" without RDMA fails here, before any
     # connection to the store or to peers.
@@ -264,7 +284,8 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
                 log.warning(warning)
             server = await StoreServer(spec.token, bind, spec.port).start()
         try:
-            client = await StoreClient.connect(spec.host, spec.port, spec.token, timeout)
+            client = await StoreClient.connect(spec.host, spec.port, spec.token,
+                                              deadline.left() or 0.0)
         except BaseException:
             if server is not None:
                 await server.close()
@@ -280,8 +301,8 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
             # Each value: this rank's host identity, then its worker address.
             gen = _next_generation()
             await client.set(f"w{gen}/addr/{spec.rank}",
-                             pack_address(host_identity(), worker.address), timeout)
-            entries = [unpack_address(await client.get(f"w{gen}/addr/{r}", timeout))
+                             pack_address(host_identity(), worker.address), deadline.left())
+            entries = [unpack_address(await client.get(f"w{gen}/addr/{r}", deadline.left()))
                        for r in range(spec.size)]
             hosts = [h for h, _ in entries]
             addresses = [a for _, a in entries]
@@ -298,7 +319,7 @@ async def _form_world(spec: WorldSpec, timeout: float, config: dict[str, str] | 
     if client is not None:
         await watch_peers(world, client, server,
                           host_rank=0 if not spec.source == "ucxcomm" else None,
-                          timeout=timeout)
+                          timeout=deadline.left() or 0.0)
     log.debug("rank %d/%d: world formed via %s", spec.rank, spec.size, spec.source)
     return world
 
@@ -437,6 +458,7 @@ def init(*, rank: int | None = None, size: int | None = None, store: str | None 
     from ..transport.config import policy_from
     from ..transport.library import requested
 
+    check_timeout(timeout, "init", zero=False)
     policy = policy_from(transport, tag_offload, devices)  # ValueError at the call
     requested()  # UCXCOMM_UCX: ValueError at the call too
     return _Init(dict(rank=rank, size=size, store=store, timeout=timeout,

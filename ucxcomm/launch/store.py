@@ -21,10 +21,10 @@ import hmac
 import json
 import logging
 import struct
-import time
 from collections.abc import Callable
 from typing import Any
 
+from .._deadline import Deadline, within
 from .._net import watch_liveness
 from ..errors import BootstrapError, CommTimeoutError
 
@@ -311,32 +311,33 @@ class StoreClient:
         CommTimeoutError
             The store could not be reached within ``timeout`` seconds.
         """
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout, f"bootstrap store {host}:{port}")
         delay = 0.01
         last: BaseException | None = None
         while True:
+            left = deadline.left()
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port), max(0.1, deadline - time.monotonic()))
+                reader, writer = await within(asyncio.open_connection(host, port),
+                                              None if left is None else max(0.1, left),
+                                              "connect")
                 break
-            except (OSError, asyncio.TimeoutError) as exc:
+            except (OSError, CommTimeoutError) as exc:
                 last = exc
-            if time.monotonic() + delay > deadline:
+            left = deadline.left()
+            if left is not None and left < delay:
                 raise CommTimeoutError(
                     f"bootstrap store {host}:{port} unreachable for {timeout:g} s: {last}")
             await asyncio.sleep(delay)  # retry backoff, not a wait for a condition
             delay = min(delay * 2, 0.5)
         writer.write(_encode({"op": "auth", "token": token}))
         try:
-            reply = await asyncio.wait_for(_read_frame(reader), timeout)
+            reply = await within(_read_frame(reader), timeout, "handshake", message=(
+                f"bootstrap store {host}:{port} did not answer the handshake within "
+                f"{timeout:g} s"))
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             writer.close()
             raise BootstrapError(f"bootstrap store {host}:{port} closed the connection") \
                 from exc
-        except TimeoutError:
-            writer.close()  # (it was left open)
-            raise CommTimeoutError(f"bootstrap store {host}:{port} did not answer the "
-                                   f"handshake within {timeout:g} s") from None
         except BaseException:
             writer.close()
             raise
@@ -390,13 +391,12 @@ class StoreClient:
         self._pending[self._next] = fut
         self._writer.write(_encode(msg))
         try:
-            async with asyncio.timeout(timeout):
-                reply = await fut
-        except TimeoutError:
-            self._pending.pop(msg["id"], None)
-            raise CommTimeoutError(
+            reply = await within(fut, timeout, msg["op"], message=(
                 f"bootstrap store {self.address}: {msg['op']} {msg.get('key', '')!r} "
-                f"got no answer in {timeout:g} s") from None
+                f"got no answer in {timeout or 0:g} s"))
+        except CommTimeoutError:
+            self._pending.pop(msg["id"], None)
+            raise
         if not reply.get("ok"):
             raise BootstrapError(f"bootstrap store error: {reply.get('error')}")
         return reply

@@ -27,8 +27,9 @@ import torch
 import torch.distributed as dist
 
 from .. import comm as _c
+from .._deadline import Deadline, within
 from ..comm import IN_PLACE, TAG_UB, Op
-from ..errors import PeerFailure, UnsupportedError
+from ..errors import CommTimeoutError, PeerFailure, UnsupportedError
 from ._bootstrap import form_world
 from ._work import (
     PeerFailureError,
@@ -410,18 +411,17 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
     async def _drive(self, work: Work, aw: Awaitable[Any], timeout: float,
                      source: bool) -> None:
         try:
-            async with asyncio.timeout(timeout) as deadline:
-                result = await aw
+            result = await within(aw, timeout, work.what, message=(
+                f"ucxcomm {work.what}: not complete within the timeout of {timeout:g} s "
+                "(the group's, init_process_group(timeout=), or the call's); the group "
+                "is unusable now"))
         except asyncio.CancelledError:
             work.finish(WorkError(f"ucxcomm {work.what}: cancelled (shutting down)"))
             self._inflight.pop(work, None)
             raise
         except Exception as exc:
-            if isinstance(exc, TimeoutError) and deadline.expired():
-                exc = WorkTimeoutError(
-                    f"ucxcomm {work.what}: not complete within the timeout of {timeout:g} "
-                    "s (the group's, init_process_group(timeout=), or the call's); the "
-                    "group is unusable now")
+            if isinstance(exc, CommTimeoutError):
+                exc = WorkTimeoutError(str(exc))
             if isinstance(exc, (WorkTimeoutError, PeerFailure)) and self._broken is None:
                 self._broken = exc  # (the collectives are out of step from here on)
             work.finish(exc)
@@ -832,14 +832,15 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
 
         comm, tag = self._comm, TAG_UB  # the top user tag: torch's tags are small
         one = np.zeros(1, np.uint8)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + limit
+        deadline = Deadline(limit, "monitored_barrier")
         if self._rank != 0:
+            async def arrive_and_wait() -> None:
+                await comm.Send(one, 0, tag)
+                await comm.Recv(np.zeros(1, np.uint8), 0, tag)
+
             try:
-                async with asyncio.timeout(limit):
-                    await comm.Send(one, 0, tag)
-                    await comm.Recv(np.zeros(1, np.uint8), 0, tag)
-            except TimeoutError:
+                await deadline.wait(arrive_and_wait())
+            except CommTimeoutError:
                 err = WorkTimeoutError(f"ucxcomm monitored_barrier: rank 0 did not release "
                                        f"rank {self._rank} within {limit:g} s")
                 self._broken = err
@@ -849,9 +850,8 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         missing = []
         for r, req in reqs.items():
             try:
-                async with asyncio.timeout(max(0.0, deadline - loop.time())):
-                    await req
-            except (TimeoutError, PeerFailure):
+                await deadline.wait(req)
+            except (CommTimeoutError, PeerFailure):
                 missing.append(r)
                 req.cancel()
                 if not wait_all:

@@ -240,8 +240,6 @@ cdef int get_buffer(object obj, Py_buffer *view, int flags) except -1:
 cdef class BufRef:
     """Holds a buffer export (so the memory stays put) while UCX may use it."""
 
-    cdef Py_buffer view
-    cdef bint held
 
     def __dealloc__(self):
         if self.held:
@@ -335,29 +333,8 @@ def subtarget(tuple t, Py_ssize_t offset, Py_ssize_t nbytes):
 cdef class Op:
     """One pending tag operation."""
 
-    cdef public object future  # None only until a receive decides it must wait
-    cdef void *req             # the UCP request while in flight
-    cdef bint is_recv          # polled with the receive test (sender and length)
-    cdef bint alloc            # matched probe that allocates the buffer on match
-    cdef bint peek             # probe that only watches (does not consume)
-    cdef bint device
-    cdef bint has_ptr          # receives into a given buffer
-    cdef bint posted           # a receive posted to UCX (matched by UCX, not probed)
-    cdef bint done
-    cdef object keep           # keeps memory alive while UCX may touch it
-    cdef object buffer         # the allocated buffer (alloc)
-    cdef uintptr_t ptr
-    cdef size_t cap
-    cdef size_t length
-    cdef uint64_t tag
-    cdef uint64_t mask
-    cdef uint64_t sender_tag
-    cdef object scratch        # (array, address) when a message outgrew the buffer
-    cdef object settled        # a future for TagEngine.settled_future
-    cdef object finish         # maps the result before the future delivers it
-    cdef object peers
 
-    cdef inline void mark_settled(self):
+    cdef void mark_settled(self):
         self.done = True
         if self.settled is not None and not self.settled.done():
             self.settled.set_result(None)
@@ -437,29 +414,14 @@ cdef Op _target_op(tuple t, uint64_t tag, uint64_t mask, object peers):
 cdef class TagEngine:
     """The pending tag operations of one UCX worker (see the module docstring).
 
-    A base class: :class:`ucxcomm.transport.worker.Worker` derives from it and calls
-    :meth:`_engine_setup` once its UCX worker exists. The semantics are the ones
+    Held by :class:`ucxcomm.transport.worker.Worker`, which calls :meth:`_engine_setup`
+    once its UCX worker exists and offers the public methods as its own (bound onto
+    each instance). Their types: ``_ucp.pyi``. The semantics are the ones
     docs/design.md describes (matched probes in posting order, truncation into scratch
     memory, withdrawal of unmatched receives, failure of operations on dead peers after a
     grace period).
     """
 
-    cdef uintptr_t _wh
-    cdef list _reqs            # UCP requests in flight (order irrelevant)
-    cdef list _probes          # matched-probe receives, in posting order
-    cdef list _graveyard       # memory of abandoned operations
-    cdef public dict _dead     # peer -> (deadline, exception); written by Worker.fail_peer
-    cdef object _create_future
-    cdef object _ready         # the event loop's ready queue (may be None)
-    cdef object _others_ready  # Progress.others_ready (None: any ready callback counts)
-    cdef double _spin_s
-    cdef bint _yield           # a spin gives the core away on every turn
-    cdef bint _cuda
-    cdef public bint _closed
-    cdef object _status_error  # _ucx.status_error
-    cdef object _monotonic
-    cdef int _canceled         # UCS_ERR_CANCELED
-    cdef int _truncated        # UCS_ERR_MESSAGE_TRUNCATED
 
     def _engine_setup(self, uintptr_t worker_handle, loop, ready, double spin_s, bint cuda,
                       status_error, others_ready=None, bint spin_yield=True):
@@ -489,7 +451,7 @@ cdef class TagEngine:
         self._monotonic = time.monotonic
 
     # ------------------------------------------------------------ checks
-    cdef inline int _check(self, object peers) except -1:
+    cdef int _check(self, object peers) except -1:
         if self._closed:
             from ..errors import ClosedError
             raise ClosedError("the worker is closed")
@@ -925,7 +887,7 @@ cdef class TagEngine:
                 sched_yield()
         return False
 
-    cdef inline bint _others(self, object ready) except -1:
+    cdef bint _others(self, object ready) except -1:
         """Whether a callback other than the progress policy's own wake-ups is ready
         (Progress.others_ready: those are no reason to stop spinning)."""
         if not len(ready):
@@ -1603,11 +1565,6 @@ cdef class EpSend:
     """One endpoint's tag send in one compiled call: :meth:`send` is that endpoint's
     ``isend`` (``Endpoint`` keeps ``handle``, ``fast`` and ``closed`` current)."""
 
-    cdef TagEngine eng
-    cdef public uintptr_t handle
-    cdef public object peers
-    cdef public bint fast
-    cdef public bint closed
 
     def __init__(self, TagEngine eng, uintptr_t handle, peers, bint fast):
         self.eng = eng

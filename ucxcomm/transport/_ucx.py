@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ClosedError, PeerFailure, TruncationError, UcxCommError
 from .library import UcxLibrary, load_chosen
@@ -59,8 +59,12 @@ STATUS_ERRORS: dict[str, type[UcxCommError]] = {
 
 _lib: Any = None  # ucxx._lib.libucxx once loaded
 _by_status: dict[int, tuple[str, type[UcxCommError]]] = {}
-#: The compiled extension (``ucxcomm/transport/_ucp.pyx``), set by :func:`load`.
-ucp: Any = None
+#: The compiled extension (``ucxcomm/transport/_ucp.pyx``, typed by ``_ucp.pyi``), set by
+#: :func:`load`.
+if TYPE_CHECKING:
+    from . import _ucp as ucp
+else:
+    ucp = None
 #: UCX constants by name (``const["UCP_ATOMIC_OP_ADD"]``), set by :func:`load`.
 const: dict[str, int] = {}
 #: Which UCX was loaded and why (``UCXCOMM_UCX``), set by :func:`load`.
@@ -94,14 +98,14 @@ def load() -> Any:
 
     _restore_ucx_env(before)
     # Only after ucxx loaded libucp: the extension resolves libucp.so.0 by soname.
-    from . import _ucp as ext  # type: ignore[attr-defined]  # built by tools/build_ucp.py
+    from . import _ucp as ext  # built by tools/build_ucp.py
 
     ucp = ext
     ext.set_status_error(status_error)
     # ucxx logs every endpoint error at ERROR level on stderr ("UCXX ERROR
     # ucxx::Endpoint::endpointErrorCallback ... Endpoint is not connected" for each
     # refused connect) from inside worker progress; ucxcomm reports each such error
-    # itself (PeerFailure, and an info line in transport.listener), so that line goes.
+    # itself (PeerFailure, and an info line in pipes.listener), so that line goes.
     ext.log_drop_ucxx_ep_errors()
     const.update(ext.constants())
     for name, exc in STATUS_ERRORS.items():

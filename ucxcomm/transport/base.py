@@ -9,7 +9,7 @@ a ``Worker`` to the world (dask's ``distributed/comm/core.py`` is the model).
 Conventions shared by every method:
 
 * *tags* are raw 64-bit UCX tags; the communicator owns their layout
-  (:mod:`ucxcomm.comm.tags`), the transport only matches ``(tag, mask)``;
+  (:mod:`ucxcomm.tags`), the transport only matches ``(tag, mask)``;
 * *peers* is the set of opaque peer labels (world ranks) an operation depends on: when
   one of them is declared dead (:meth:`Transport.fail_peer`) the operation fails with
   :class:`~ucxcomm.PeerFailure` instead of waiting forever;

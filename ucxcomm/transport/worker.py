@@ -5,7 +5,7 @@ one-sided operations), driven by the running asyncio loop.
   over ``csrc/tag.c``): posting sends and receives, matched-probe receives in MPI
   matching order, the in-place wait for a prompt message, and one ``poll()`` call that
   progresses UCX and completes every finished operation (futures resolved per batch).
-  Its methods are bound onto the worker (see :data:`_ENGINE_METHODS`): a send or receive
+  Its methods are bound onto the worker (see :class:`_Engine`): a send or receive
   crosses into compiled code once. Design and measurements: docs/design.md.
 * The worker is a progress source (:mod:`ucxcomm.transport.progress` spins, arms and
   sleeps for it).
@@ -24,13 +24,13 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, Generic, TypeVar, overload
 
 from .. import settings
-from ..errors import ClosedError, PeerFailure, UcxCommError
+from ..errors import ClosedError, PeerFailure
 from . import _ucx
-from .base import FULL_MASK, Link, Peers, RecvResult, Region, Remote, Target, Transport
+from .base import Link, Peers, RecvResult, Region, Remote, Target, Transport
 from .config import Plan, check_lanes, policy_from, prepare, ucx_has_cuda
 from .endpoint import Endpoint
 from .progress import Progress
@@ -38,6 +38,9 @@ from .rma import RmaEngines
 from .wire import check_address
 
 __all__ = ["Worker"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+E = TypeVar("E", bound=Endpoint)
 
 log = logging.getLogger(__name__)
 
@@ -80,18 +83,31 @@ _open_workers: weakref.WeakSet[Worker] = weakref.WeakSet()
 #: this long before its pending operations fail.
 PEER_GRACE_S = 0.05
 
-#: Methods of the compiled engine bound onto every Worker instance (they shadow the
-#: documented methods below, which say what each does): the hot paths cost one call
-#: into compiled code, not a Python frame plus one.
-_ENGINE_METHODS = ("send", "send_raw", "exchange", "send_ptr", "recv_ptr", "subtarget", "tag_recv",
-                   "recv_into", "recv_posted", "irecv", "recv_alloc", "probe", "probe_wait",
-                   "cancel", "pending", "poll")
+class _Engine(Generic[F]):
+    """A method of the compiled engine (``_ucp.TagEngine``) that a :class:`Worker` offers
+    as its own: ``Worker.__init__`` binds the engine's method onto the instance, so a
+    call costs one crossing into compiled code and no Python frame. The engine's
+    docstring says what it does; the contract is :class:`~.base.Transport`'s. Declared
+    here (one line each, no second implementation) so that the class has the name, with
+    its type, before any worker exists."""
 
+    __slots__ = ("name",)
 
-def _retrieve(fut: asyncio.Future) -> None:
-    """Retrieve an outcome nobody awaits (no 'exception was never retrieved')."""
-    if not fut.cancelled():
-        fut.exception()
+    def __init__(self) -> None:
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _Engine[F]: ...
+    @overload
+    def __get__(self, obj: Worker, owner: type) -> F: ...
+
+    def __get__(self, obj: Worker | None, owner: type) -> Any:
+        if obj is None:
+            return self
+        return getattr(obj._eng, self.name)  # (only before __init__ bound it)
 
 
 def spin_yield(env: Mapping[str, str] | None = None, cpu_max: str | None = None) -> bool:
@@ -188,14 +204,14 @@ class Worker(Transport):
         eng._engine_setup(self._worker.handle, self._loop, self._progress.ready,
                           self._progress.spin_s, self._cuda, _ucx.status_error,
                           self._progress.others_ready, spin_yield())
-        for name in _ENGINE_METHODS:
-            setattr(self, name, getattr(eng, name))
+        for name, attr in vars(Worker).items():  # the _Engine methods: bound once
+            if isinstance(attr, _Engine):
+                setattr(self, name, getattr(eng, name))
         self.wake = self._progress.kick  # type: ignore[method-assign]  # (per message)
         self._progress.add(self)
         self._rma = RmaEngines(self.options, self._plan.rdma, self._progress, self._loop,
                                eng._dead)
         self.endpoints: list[Endpoint] = []
-        self._scratch = self._eng.recv_ptr(bytearray(1))  # what drain_namespace keeps
         _open_workers.add(self)
 
     # ------------------------------------------------------------------ info
@@ -302,56 +318,10 @@ class Worker(Transport):
         """
         return check_address(address, self.address, self.own_addresses(), os.getpid())
 
-    def drop_unreceived(self, keep: Collection[int]) -> int:
-        """Receive and drop every message already here whose namespace (the tag's upper
-        32 bits) is not in ``keep``: a binary search over namespace prefixes with
-        non-destructive probes, descending only into prefixes a message matches (about
-        64 probes per namespace that has messages waiting). For workers whose every
-        tag is namespaced (connections): a peer can address any namespace, UCX matches
-        across the worker, and nobody would ever receive those. Returns how many."""
-        if self.closed:
-            return 0
-        probe = self._eng.probe
-        dropped = 0
-        stack = [(0, 0)]  # (namespace prefix, its length in bits)
-        while stack:
-            value, bits = stack.pop()
-            shift = 64 - bits
-            if probe(value << shift if bits else 0,
-                     ((1 << bits) - 1) << shift if bits else 0) is None:
-                continue
-            if bits < 32:
-                stack.append((value << 1, bits + 1))
-                stack.append((value << 1 | 1, bits + 1))
-            elif value not in keep:
-                dropped += self.drain_namespace(value)
-        return dropped
-
-    def drain_namespace(self, ns: int) -> int:
-        """Receive and drop every message already here whose tag's upper 32 bits are
-        ``ns`` (a closed connection's): UCX keeps unexpected messages until someone
-        receives them. Each is received into one byte and thereby discarded (UCX
-        consumes a larger message without copying it; a large one's sender is released
-        without its data moving). Returns how many."""
-        if self.closed:
-            return 0
-        tag, mask, scratch = ns << 32, 0xFFFFFFFF << 32, self._scratch
-        dropped = 0
-        while self._eng.probe(tag, mask) is not None:
-            try:
-                fut = self._eng.tag_recv(scratch, tag, mask, None)
-            except UcxCommError:  # (truncated at once: dropped)
-                fut = None
-            if fut is not None:  # (a large message's release, finishing later)
-                fut.add_done_callback(_retrieve)
-            dropped += 1
-        if dropped:
-            self._progress.kick()
-        return dropped
-
-    def adopt(self, ucx_ep: Any, peer: Any) -> Endpoint:
-        """An :class:`Endpoint` around a raw UCX endpoint of this worker."""
-        ep = Endpoint(self, ucx_ep, peer)
+    def adopt(self, ucx_ep: Any, peer: Any, cls: type[E] = Endpoint) -> E:  # type: ignore[assignment]
+        """An endpoint of class ``cls`` (an :class:`Endpoint`, or a subclass such as
+        :class:`ucxcomm.pipes.Connection`) around a raw UCX endpoint of this worker."""
+        ep = cls(self, ucx_ep, peer)
         self.endpoints.append(ep)
         return ep
 
@@ -397,52 +367,29 @@ class Worker(Transport):
             raise ClosedError("the worker is closed")
 
     # ------------------------------------------------------------ operations
-    # The engine's methods, bound per instance in __init__; these definitions document
-    # them (and serve anyone calling through the class).
-    def send_ptr(self, obj: Any) -> Target:
-        """``(address, nbytes, keepalive, device)`` of a send buffer, validated.
-
-        Raises
-        ------
-        TypeError, ValueError
-            Not a buffer / not contiguous. UnsupportedError: GPU memory without CUDA.
-        """
-        return self._eng.send_ptr(obj)  # type: ignore[no-any-return]
-
-    def recv_ptr(self, obj: Any) -> Target:
-        """Like :meth:`send_ptr` for a receive buffer (must also be writable)."""
-        return self._eng.recv_ptr(obj)  # type: ignore[no-any-return]
-
-    def subtarget(self, t: Target, offset: int, nbytes: int) -> Target:
-        """Bytes ``[offset, offset + nbytes)`` of a target (same memory, no copy)."""
-        return self._eng.subtarget(t, offset, nbytes)  # type: ignore[no-any-return]
-
-    def send(self, ep_handle: int, obj: Any, tag: int, peers: Peers,
-             fast: bool = False) -> asyncio.Future | None:
-        """Post a tag send of buffer ``obj``; ``None`` if it completed at once, else a
-        future. ``fast`` requests UCX's fast-completion protocols below 256 KiB (a win
-        on shared memory, a loss on TCP: the endpoint decides)."""
-        return self._eng.send(ep_handle, obj, tag, peers, fast)  # type: ignore[no-any-return]
+    # The compiled engine's methods (see _Engine; what each does: _ucp.TagEngine).
+    send_ptr: _Engine[Callable[..., Target]] = _Engine()
+    recv_ptr: _Engine[Callable[..., Target]] = _Engine()
+    subtarget: _Engine[Callable[..., Target]] = _Engine()
+    send: _Engine[Callable[..., asyncio.Future | None]] = _Engine()
+    send_raw: _Engine[Callable[..., asyncio.Future | None]] = _Engine()
+    exchange: _Engine[Callable[..., Any]] = _Engine()
+    tag_recv: _Engine[Callable[..., asyncio.Future | None]] = _Engine()
+    recv_posted: _Engine[Callable[..., RecvResult | asyncio.Future]] = _Engine()
+    probe: _Engine[Callable[..., tuple[int, int] | None]] = _Engine()
+    probe_wait: _Engine[Callable[..., asyncio.Future]] = _Engine()
+    recv_into: _Engine[Callable[..., RecvResult | asyncio.Future]] = _Engine()
+    irecv: _Engine[Callable[..., Any]] = _Engine()
+    recv_alloc: _Engine[Callable[..., RecvResult | asyncio.Future]] = _Engine()
+    cancel: _Engine[Callable[..., bool]] = _Engine()
+    # A progress source (ucxcomm.transport.progress.Source): pending and poll too.
+    pending: _Engine[Callable[[], bool]] = _Engine()
+    poll: _Engine[Callable[[], int]] = _Engine()
 
     def ep_send(self, ep_handle: int, peers: Peers, fast: bool) -> Any:
         """The compiled ``isend`` of one endpoint (``_ucp.EpSend``: its ``send(obj,
         tag)`` is :meth:`send` with the endpoint's fields, kept current by it)."""
         return self._eng.ep_send(ep_handle, peers, fast)
-
-    def send_raw(self, ep_handle: int, target: Target, tag: int, peers: Peers,
-                 fast: bool = False) -> asyncio.Future | None:
-        """Like :meth:`send` for a target from :meth:`send_ptr`."""
-        return self._eng.send_raw(  # type: ignore[no-any-return]
-            ep_handle, target, tag, peers, fast)
-
-    def exchange(self, ep_handle: int, send: Target, stag: int, speers: Peers, fast: bool,
-                 recv: Target, rtag: int, rpeers: Peers) -> Any:
-        """One exchange with one peer in one call: send ``send`` (tag ``stag``), then
-        receive the message tagged exactly ``rtag`` into ``recv``, waiting for it in
-        place (as :meth:`recv_into` with ``spin``). ``None`` when both finished and
-        the message filled ``recv`` exactly; else ``(send future or None, receive
-        result or future)`` for the caller to wait for and check."""
-        return self._eng.exchange(ep_handle, send, stag, speers, fast, recv, rtag, rpeers)
 
     def pair_collectives(self, ep: Any, speers: Peers, rpeers: Peers, rank: int,
                          stag0: int, rtag0: int, **hooks: Any) -> Any:
@@ -457,73 +404,6 @@ class Worker(Transport):
         (every other rank's, in rank order; ``_ucp.GroupCollectives``, see
         :meth:`Link.group_collectives`)."""
         return self._eng.group_collectives(eps, rpeers, rank, stag0, rtag0s, **hooks)
-
-    def tag_recv(self, target: Target, tag: int, mask: int = FULL_MASK,
-                 peers: Peers = None) -> asyncio.Future | None:
-        """Worker-level receive with a tag mask into ``target``; ``None`` when it
-        completed at once. Sender and size are not reported."""
-        return self._eng.tag_recv(target, tag, mask, peers)  # type: ignore[no-any-return]
-
-    def recv_posted(self, target: Target, tag: int, mask: int,
-                    peers: Peers) -> RecvResult | asyncio.Future:
-        """A receive posted straight to UCX, never probed: ``(sender_tag, nbytes,
-        capacity)`` or its future; a larger message is consumed without being written
-        or copied (``nbytes > capacity``). Only for tags no matched-probe receive waits
-        on at the same time (see ``_ucp.TagEngine.recv_posted``)."""
-        return self._eng.recv_posted(target, tag, mask, peers)  # type: ignore[no-any-return]
-
-    def probe(self, tag: int, mask: int) -> tuple[int, int] | None:
-        """Non-destructive probe: ``(sender_tag, nbytes)`` of the first match, or None."""
-        return self._eng.probe(tag, mask)  # type: ignore[no-any-return]
-
-    def probe_wait(self, tag: int, mask: int, peers: Peers) -> asyncio.Future:
-        """Resolve to ``(sender_tag, nbytes)`` once a matching message is there (not
-        consumed)."""
-        fut = self._eng.probe_wait(tag, mask, peers)
-        self._progress.kick()
-        return fut  # type: ignore[no-any-return]
-
-    def recv_into(self, target: Target, tag: int, mask: int, peers: Peers,
-                  finish: Callable[[Any], Any] | None = None,
-                  spin: bool = False, post: bool = False) -> RecvResult | asyncio.Future:
-        """Matched-probe receive of the first message matching (tag, mask) into
-        ``target``: ``(sender_tag, nbytes, capacity)`` when it was there (or arrived
-        while ``spin`` waited in place), else a future resolving to the same (mapped by
-        ``finish``). ``nbytes > capacity``: consumed, the buffer holds its prefix.
-
-        ``post``: a receive that must wait, with no earlier pending receive that could
-        match the same message, is posted to UCX instead (UCX matches it on arrival and
-        moves the data straight into ``target``: one copy less for eager messages, no
-        probe per poll). A message that outgrows it is then consumed without writing
-        the buffer (``nbytes > capacity`` all the same)."""
-        return self._eng.recv_into(  # type: ignore[no-any-return]
-            target, tag, mask, peers, finish, spin, post)
-
-    def irecv(self, obj: Any, tag: int, mask: int, peers: Peers,
-              finish: Callable[[RecvResult], Any], spin: bool = False,
-              post: bool = True) -> Any:
-        """:meth:`recv_ptr` and :meth:`recv_into` (``spin``, ``post``) in one call, the
-        result mapped by ``finish`` also when the message was there (``finish(result)``,
-        built natively for the :meth:`fast_status` function); a message that outgrew
-        ``obj`` gives ``(sender_tag, nbytes, capacity)``, one that must be waited for a
-        future of ``finish(result)``."""
-        return self._eng.irecv(obj, tag, mask, peers, finish, spin, post)
-
-    def recv_alloc(self, tag: int, mask: int, peers: Peers,
-                   spin: bool = False) -> RecvResult | asyncio.Future:
-        """Matched-probe receive into new memory of the message's size (a ``bytearray``
-        below 64 KiB, else a ``numpy.uint8`` array): ``(sender_tag, nbytes, buffer)``."""
-        return self._eng.recv_alloc(tag, mask, peers, spin)  # type: ignore[no-any-return]
-
-    def cancel(self, fut: asyncio.Future) -> bool:
-        """Withdraw the receive behind ``fut`` if it has not matched a message yet.
-
-        Returns True when nothing was (or will be) received for it. An operation that
-        already matched (or any send) keeps running so that the message moves whole;
-        await :meth:`settle` to know when UCX no longer touches its buffer. A posted
-        receive that UCX withdraws ends with ``fut`` cancelled.
-        """
-        return bool(self._eng.cancel(fut))
 
     async def settle(self, fut: asyncio.Future) -> None:
         """Return once the UCP request behind ``fut`` has finished (ok, failed or not)."""
@@ -605,14 +485,7 @@ class Worker(Transport):
         """See :meth:`Transport.set_idle_watch`."""
         self._progress.idle_watch = on
 
-    # A progress source (ucxcomm.transport.progress.Source); pending and poll are the
-    # engine's (bound in __init__).
-    def pending(self) -> bool:
-        return bool(self._eng.pending())
-
-    def poll(self) -> int:
-        return int(self._eng.poll())
-
+    # A progress source (ucxcomm.transport.progress.Source; pending and poll above).
     def arm(self) -> bool:
         return bool(self._eng.arm())
 

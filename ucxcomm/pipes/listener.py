@@ -38,7 +38,6 @@ import asyncio
 import errno
 import hashlib
 import hmac
-import ipaddress
 import itertools
 import logging
 import os
@@ -50,17 +49,19 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .._deadline import check_timeout, limit
+from .._net import host_identity, is_loopback
 from ..errors import (
     AuthenticationError,
     ClosedError,
-    CommTimeoutError,
     PeerFailure,
     ProtocolError,
     UcxCommError,
 )
-from .base import FULL_MASK
-from .endpoint import _HELLO_TAG, Endpoint
-from .worker import Worker
+from ..tags import CONN_HELLO, conn_tag
+from ..transport.base import FULL_MASK
+from ..transport.worker import Worker
+from .connection import Connection, drop_unreceived
 
 __all__ = ["MAX_HELLO", "MAX_PENDING", "Listener", "connect", "default_worker",
            "host_identity", "listen"]
@@ -118,14 +119,6 @@ def _worker(loopback: bool) -> Worker:
     return worker
 
 
-def _check_timeout(timeout: Any, what: str) -> None:
-    if timeout is not None and (isinstance(timeout, bool)
-                                or not isinstance(timeout, (int, float))
-                                or not 0 < timeout < float("inf")):
-        raise ValueError(f"{what}: timeout must be a number of seconds > 0 or None, got "
-                         f"{timeout!r}")
-
-
 def _check_port(port: Any, lowest: int, what: str) -> None:
     if isinstance(port, bool) or not isinstance(port, int) or not lowest <= port <= 65535:
         raise ValueError(f"{what}: port must be an int in [{lowest}, 65535], got {port!r}")
@@ -141,30 +134,6 @@ def _check_token(token: Any, what: str) -> bytes | None:
         raise ValueError(f"{what}: token must be a non-empty str or bytes, got "
                          f"{type(token).__name__}")
     return bytes(token)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine only: ``localhost`` or a loopback address
-    (``127.0.0.0/8``, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def host_identity() -> bytes:
-    """What two processes share when they can reach each other's shared memory: the
-    kernel's boot id and the network and IPC namespaces (empty when unknown: never
-    treated as the same host)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-            boot = f.read().strip()
-        net, ipc = (os.stat(f"/proc/self/ns/{ns}").st_ino for ns in ("net", "ipc"))
-    except OSError:
-        return b""
-    return boot + f":{net}:{ipc}".encode()
 
 
 # This process's client sockets in their handshake and its listeners' ports: a peer
@@ -193,7 +162,7 @@ class _Connections:
                 self.live.add(ns)
                 return ns
 
-    def ended(self, ep: Endpoint) -> None:
+    def ended(self, ep: Connection) -> None:
         self.live.discard(ep._recv_ns)  # type: ignore[arg-type]
 
     def start_sweeps(self) -> None:
@@ -205,7 +174,7 @@ class _Connections:
         worker = self.worker
         if worker.closed:
             return
-        dropped = worker.drop_unreceived(self.live)
+        dropped = drop_unreceived(worker, self.live)
         if dropped:
             log.info("dropped %d messages addressed to no live connection", dropped)
         asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
@@ -310,9 +279,9 @@ _drop_log = _RateLimited()  # other failed handshakes (info)
 
 async def _establish(worker: Worker, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter, session: _Session, *, listener: bool,
-                     trusted: bool) -> Endpoint:
+                     trusted: bool) -> Connection:
     """Hellos, worker-address checks, the UCX endpoint and its wire-up check: the
-    connected :class:`Endpoint` (the caller bounds the time)."""
+    connected :class:`Connection` (the caller bounds the time)."""
     mine, theirs = (b"listener", b"client") if listener else (b"client", b"listener")
     reg = _connections(worker)
     ns = reg.new_namespace()  # (never reused, even if this handshake fails)
@@ -336,7 +305,7 @@ async def _establish(worker: Worker, reader: asyncio.StreamReader,
         same_host = bool(own.identity) and peer.identity == own.identity
         label = ("connection", next(_conn_ids))
         ucx_ep = worker.raw_endpoint(peer.address, error_handling=not same_host)
-        ep = worker.adopt(ucx_ep, label)
+        ep = worker.adopt(ucx_ep, label, Connection)
     finally:
         if ep is None:
             reg.live.discard(ns)
@@ -345,9 +314,9 @@ async def _establish(worker: Worker, reader: asyncio.StreamReader,
     try:
         # One message each way on the path that will carry the traffic.
         check = bytearray(1)
-        got: Any = worker.recv_into(worker.recv_ptr(check), (ns << 32) | _HELLO_TAG,
+        got: Any = worker.recv_into(worker.recv_ptr(check), conn_tag(ns, CONN_HELLO),
                                     FULL_MASK, ep._peers)
-        sent = ep.isend(b"\x01", (peer.namespace << 32) | _HELLO_TAG)
+        sent = ep.isend(b"\x01", conn_tag(peer.namespace, CONN_HELLO))
         pending = [f for f in (sent, got if type(got) is not tuple else None)
                    if f is not None]
         if pending:
@@ -380,7 +349,7 @@ class Listener:
     established connections stay open.
     """
 
-    def __init__(self, worker: Worker, handler: Callable[[Endpoint], Awaitable[Any]],
+    def __init__(self, worker: Worker, handler: Callable[[Connection], Awaitable[Any]],
                  token: bytes | None, timeout: float | None) -> None:
         self._worker = worker
         self._handler = handler
@@ -471,7 +440,7 @@ class Listener:
                 self._tasks.discard(task)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      peer: Any) -> Endpoint:
+                      peer: Any) -> Connection:
         magic, version, flags, client_nonce = _OPEN.unpack(
             await reader.readexactly(_OPEN.size))
         if magic != _MAGIC or version != _VERSION:
@@ -521,7 +490,7 @@ class Listener:
         await self.close()
 
 
-async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *,
+async def listen(handler: Callable[[Connection], Awaitable[Any]], port: int = 0, *,
                  host: str = "127.0.0.1", token: str | bytes | None = None,
                  insecure: bool = False, worker: Worker | None = None,
                  timeout: float | None = 10.0) -> Listener:
@@ -567,7 +536,7 @@ async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *
     if not isinstance(host, str) or not host:
         raise TypeError(f"listen: host must be a non-empty str, got {host!r}")
     _check_port(port, 0, "listen")
-    _check_timeout(timeout, "listen")
+    check_timeout(timeout, "listen", zero=False)
     secret = _check_token(token, "listen")
     if secret is None and not insecure and not is_loopback(host):
         raise ValueError(f"listen: host={host!r} is reachable from other hosts; pass "
@@ -579,7 +548,7 @@ async def listen(handler: Callable[[Endpoint], Awaitable[Any]], port: int = 0, *
 
 
 async def connect(host: str, port: int, *, token: str | bytes | None = None,
-                  worker: Worker | None = None, timeout: float | None = 30.0) -> Endpoint:
+                  worker: Worker | None = None, timeout: float | None = 30.0) -> Connection:
     """Connect to a :func:`listen`-ing peer at ``host:port``.
 
     With ``token``, both sides prove they hold it before anything else is exchanged;
@@ -608,7 +577,7 @@ async def connect(host: str, port: int, *, token: str | bytes | None = None,
     if not isinstance(host, str) or not host:
         raise TypeError(f"connect: host must be a non-empty str, got {host!r}")
     _check_port(port, 1, "connect")
-    _check_timeout(timeout, "connect")
+    check_timeout(timeout, "connect", zero=False)
     secret = _check_token(token, "connect")
     worker = worker or _worker(is_loopback(host))
     if worker.closed:
@@ -616,7 +585,8 @@ async def connect(host: str, port: int, *, token: str | bytes | None = None,
     writer = None
     ep = None
     try:
-        async with asyncio.timeout(timeout):
+        async with limit(timeout, "connect", message=f"connecting to {host}:{port} took "
+                         f"longer than {timeout or 0:g} s"):
             try:
                 reader, writer = await asyncio.open_connection(host, port)
             except socket.gaierror as exc:
@@ -626,9 +596,6 @@ async def connect(host: str, port: int, *, token: str | bytes | None = None,
                 raise PeerFailure(f"cannot connect to {host}:{port}: refused or "
                                   f"unreachable (nothing listening there?): {exc}") from None
             ep = await _client_handshake(worker, reader, writer, secret, host, port)
-    except TimeoutError:
-        raise CommTimeoutError(f"connecting to {host}:{port} took longer than "
-                               f"{timeout:g} s") from None
     except asyncio.IncompleteReadError:
         raise PeerFailure(f"the listener at {host}:{port} closed the connection during "
                           "the handshake") from None
@@ -643,7 +610,7 @@ async def connect(host: str, port: int, *, token: str | bytes | None = None,
 
 async def _client_handshake(worker: Worker, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter, secret: bytes | None, host: str,
-                            port: int) -> Endpoint:
+                            port: int) -> Connection:
     where = f"{host}:{port}"
     me = writer.get_extra_info("sockname")
     _our_clients.add(me)
@@ -655,7 +622,7 @@ async def _client_handshake(worker: Worker, reader: asyncio.StreamReader,
 
 async def _client_exchange(worker: Worker, reader: asyncio.StreamReader,
                            writer: asyncio.StreamWriter, secret: bytes | None,
-                           where: str) -> Endpoint:
+                           where: str) -> Connection:
     client_nonce = secrets.token_bytes(_NONCE)
     writer.write(_OPEN.pack(_MAGIC, _VERSION, _F_TOKEN if secret else 0, client_nonce))
     magic, version, flags, server_nonce, proof = _ANSWER.unpack(

@@ -1,22 +1,25 @@
-"""The one mapping from (communicator context, source rank, user tag) to a 64-bit UCX tag.
+"""Every 64-bit UCX tag ucxcomm sends: the one owner of both tag spaces.
 
-Layout, most significant first::
+**Communicators** map (communicator context, source rank, user tag) to a tag, most
+significant first::
 
     | context (20 bits) | source rank in the communicator (20 bits) | tag (24 bits) |
 
 Each communicator id ``cid`` owns four contexts (``cid * 4 + kind``): user
 point-to-point, internal collectives, object payload frames, and one spare. User
 messages therefore never collide with internal traffic, and communicators never
-cross-match.
-
-This module is the only place that knows the field widths and positions; everything
-else builds tags with :func:`make_tag` / :func:`with_source`, masks with
-:func:`make_mask` (or :data:`FULL_MASK`) and reads them with :func:`split_tag`. The
+cross-match. Code builds these tags with :func:`make_tag` / :func:`with_source`, masks
+with :func:`make_mask` (or :data:`FULL_MASK`) and reads them with :func:`split_tag`. The
 tag field is the lowest one, so ``make_tag(cid, kind, source, 0) | tag`` equals
 ``make_tag(cid, kind, source, tag)`` for a checked ``0 <= tag <= TAG_UB``: hot paths
 keep such a base and OR the user tag in.
-"""
 
+**Connections** (:mod:`ucxcomm.pipes`) put the receiving side's namespace in the upper 32
+bits (:func:`conn_tag`) and their own layout in the lower 32: user tags up to
+:data:`CONN_USER_TAG_MAX`, then an object's first message (:data:`CONN_OBJ`) and its
+frames, then control messages (signals, region keys, the handshake's check) and the
+streams' tags. A worker that carries connections carries nothing else.
+"""
 from __future__ import annotations
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "MAX_CID",
     "MAX_RANKS",
     "TAG_UB",
+    "conn_tag",
     "make_mask",
     "make_tag",
     "split_tag",
@@ -82,3 +86,26 @@ def make_mask(source: int, tag: int) -> int:
 def split_tag(value: int) -> tuple[int, int]:
     """``(source, tag)`` of a received UCX tag."""
     return (value & _SRC_MASK) >> _SRC_SHIFT, value & _TAG_MASK
+
+
+# ------------------------------------------------------------------- connections
+#: Largest user tag on a connection; the low 32 bits from 2**31 up are ucxcomm's own.
+CONN_USER_TAG_MAX = (1 << 31) - 1
+#: An object's first message; its payload frames follow on ``CONN_OBJ + 1 + seq``.
+CONN_OBJ = 1 << 31
+#: How many frame sequence numbers a connection cycles through.
+CONN_FRAME_SEQS = (1 << 30) - 1
+_CONN_CTL = 3 << 30  # control messages (above every object frame tag):
+CONN_SIGNAL = _CONN_CTL  # put-with-signal notifications
+CONN_REGION = _CONN_CTL + 1  # region keys sent with send_region
+CONN_HELLO = _CONN_CTL + 2  # the connection handshake's check of the data path
+CONN_STREAM = _CONN_CTL + 16  # + 4 * stream id + message kind (pipes/stream.py)
+#: Largest stream id.
+CONN_MAX_STREAM = ((1 << 32) - CONN_STREAM) // 4 - 1
+#: The bits of a connection tag that name its namespace.
+CONN_NS_MASK = 0xFFFFFFFF << 32
+
+
+def conn_tag(namespace: int, low: int) -> int:
+    """The UCX tag of ``low`` (one of the layout's 32-bit values) in ``namespace``."""
+    return (namespace << 32) | low

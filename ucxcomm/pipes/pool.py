@@ -4,7 +4,7 @@ consumer and take back when it releases them.
 Receiving into warm memory matters: a freshly allocated large array costs a page fault
 per 4 KiB page on first touch (for host memory; ``cudaMalloc`` per batch on a GPU), which
 alone halved the receive bandwidth of a 64 MiB object receive here (see
-:mod:`ucxcomm.comm.pool`). A stream reader (:mod:`ucxcomm.transport.stream`) takes one
+:mod:`ucxcomm.comm.pool`). A stream reader (:mod:`ucxcomm.pipes.stream`) takes one
 buffer per array of a batch from its pool and gives it back when the consumer releases
 the batch; the number of batches a consumer may hold is bounded by the stream's window,
 so the buffers *out* are bounded. The free list is bounded only by ``limit``: with
@@ -52,7 +52,7 @@ class BufferPool:
     -----
     :meth:`take` returns the smallest free buffer that fits, and allocates only when none
     does; :attr:`allocations` and :attr:`reuses` count both outcomes. ``take`` and
-    ``give`` are thread-safe (a :class:`~ucxcomm.transport.stream.Batch` is released on
+    ``give`` are thread-safe (a :class:`~ucxcomm.pipes.stream.Batch` is released on
     the event loop's thread, though: releasing may send a credit).
     """
 

@@ -15,7 +15,7 @@ stream per ``(connection, direction, stream id)``):
   shape, memory order and size; then the user's ``meta`` in the stream's codec)
   followed by one message per array. The reader receives headers as they come (from
   completion callbacks, see :class:`StreamReader`), takes a buffer per array from its
-  :class:`~ucxcomm.transport.pool.BufferPool` and posts the data receives straight into
+  :class:`~ucxcomm.pipes.pool.BufferPool` and posts the data receives straight into
   them, so the next batches move while the consumer works on this one.
   UCX delivers messages of one tag from one sender in order, and the receives are posted
   in header order, so every array lands in its own batch's buffer. An empty header
@@ -43,11 +43,11 @@ import numpy as np
 
 from .._serialize import decode_dtype, dumps_small, encode_dtype, loads_small
 from ..errors import ClosedError, PeerFailure, ProtocolError, copy_of
-from .base import FULL_MASK
+from ..transport.base import FULL_MASK
 from .pool import BufferPool
 
 if TYPE_CHECKING:
-    from .endpoint import Endpoint
+    from .connection import Connection
 
 __all__ = ["DEFAULT_MAX_BATCH_BYTES", "DEFAULT_WINDOW", "MAX_ARRAYS", "Batch",
            "StreamReader", "StreamWriter"]
@@ -176,7 +176,7 @@ class StreamWriter:
     was granted.
     """
 
-    def __init__(self, ep: Endpoint, stream: int, codec: str) -> None:
+    def __init__(self, ep: Connection, stream: int, codec: str) -> None:
         self._ep = ep
         self.stream = stream
         self.codec = codec
@@ -394,7 +394,7 @@ class StreamReader:
     the dtypes of each batch cost ~15 us.
     """
 
-    def __init__(self, ep: Endpoint, stream: int, window: int, pool: BufferPool,
+    def __init__(self, ep: Connection, stream: int, window: int, pool: BufferPool,
                  codec: str = "safe", max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
                  ) -> None:
         self._ep = ep

@@ -1,0 +1,108 @@
+# cython: language_level=3
+# The compiled engine's declarations (ucxcomm/transport/_ucp.pyx), for Cython code that
+# uses it at C level: `from ucxcomm.transport._ucp cimport TagEngine, Op`. The .pyx has
+# the implementations and their docstrings; _ucp.pyi the Python-level types.
+#
+# BufRef: a held buffer export. Op: one pending tag operation. TagEngine: the pending tag
+# operations of one UCX worker. EpSend: one endpoint's compiled isend. All final: their
+# cdef methods are called directly, not through a method table.
+
+cimport cython
+from libc.stdint cimport uint64_t, uintptr_t
+
+
+@cython.final
+cdef class BufRef:
+    cdef Py_buffer view
+    cdef bint held
+
+
+@cython.final
+cdef class Op:
+    cdef public object future  # None only until a receive decides it must wait
+    cdef void *req             # the UCP request while in flight
+    cdef bint is_recv          # polled with the receive test (sender and length)
+    cdef bint alloc            # matched probe that allocates the buffer on match
+    cdef bint peek             # probe that only watches (does not consume)
+    cdef bint device
+    cdef bint has_ptr          # receives into a given buffer
+    cdef bint posted           # a receive posted to UCX (matched by UCX, not probed)
+    cdef bint done
+    cdef object keep           # keeps memory alive while UCX may touch it
+    cdef object buffer         # the allocated buffer (alloc)
+    cdef uintptr_t ptr
+    cdef size_t cap
+    cdef size_t length
+    cdef uint64_t tag
+    cdef uint64_t mask
+    cdef uint64_t sender_tag
+    cdef object scratch        # (array, address) when a message outgrew the buffer
+    cdef object settled        # a future for TagEngine.settled_future
+    cdef object finish         # maps the result before the future delivers it
+    cdef object peers
+
+    cdef void mark_settled(self)
+
+
+@cython.final
+cdef class TagEngine:
+    cdef uintptr_t _wh
+    cdef list _reqs            # UCP requests in flight (order irrelevant)
+    cdef list _probes          # matched-probe receives, in posting order
+    cdef list _graveyard       # memory of abandoned operations
+    cdef public dict _dead     # peer -> (deadline, exception); written by Worker.fail_peer
+    cdef object _create_future
+    cdef object _ready         # the event loop's ready queue (may be None)
+    cdef object _others_ready  # Progress.others_ready (None: any ready callback counts)
+    cdef double _spin_s
+    cdef bint _yield           # a spin gives the core away on every turn
+    cdef bint _cuda
+    cdef public bint _closed
+    cdef object _status_error  # _ucx.status_error
+    cdef object _monotonic
+    cdef int _canceled         # UCS_ERR_CANCELED
+    cdef int _truncated        # UCS_ERR_MESSAGE_TRUNCATED
+
+    cdef int _check(self, object peers) except -1
+    cdef object _dead_error(self, object peers)
+    cdef object _error(self, int st, object peers, str what)
+    cdef object _send_obj(self, uintptr_t ep, object obj, uint64_t tag, object peers,
+                          bint fast)
+    cdef object _polled_op(self, int st, void *req, object keep, object peers, str what,
+                           bint is_recv)
+    cdef object _irecv(self, object obj, uint64_t tag, uint64_t mask, object peers,
+                       object finish, bint spin, bint post)
+    cdef object _irecv_result(self, object res, Op op)
+    cdef tuple _exchange(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
+                         uint64_t stag, object speers, bint fast, Op op)
+    cdef object _send_to(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
+                         uint64_t stag, object speers, bint fast)
+    cdef object _post_match(self, Op op, bint spin)
+    cdef bint _probe_fresh(self, uint64_t tag, uint64_t mask, void **msg, uint64_t *stag,
+                           size_t *nbytes) except -1
+    cdef bint _progress_once(self) except -1
+    cdef object _wait_op(self, Op op, bint free)
+    cdef object _matched(self, Op op)
+    cdef bint _overlaps(self, uint64_t tag, uint64_t mask) except -1
+    cdef object _post_to_ucx(self, Op op)
+    cdef void _finish_posted(self, Op op, int st, uint64_t stag, size_t length) except *
+    cdef bint _spin_match(self, Op op) except -1
+    cdef bint _others(self, object ready) except -1
+    cdef object _result(self, Op op)
+    cdef bint _try_match(self, Op op) except -1
+    cdef int _recv_msg(self, Op op, void *msg, uint64_t stag, size_t nbytes) except -1
+    cdef int _started(self, Op op, int st, void *req) except -1
+    cdef void _complete(self, Op op, int status) except *
+    cdef void _copy_prefix(self, Op op) except *
+    cdef int _poll_reqs(self) except -1
+    cdef int _poll(self) except -1
+    cdef void _abandon(self, Op op, object err) except *
+
+
+@cython.final
+cdef class EpSend:
+    cdef TagEngine eng
+    cdef public uintptr_t handle
+    cdef public object peers
+    cdef public bint fast
+    cdef public bint closed
