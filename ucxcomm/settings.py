@@ -159,6 +159,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "install time: compile the C extension with -Werror (CI sets 1)"),
     Setting("UCXCOMM_VENV", _text, None, "ci/*.sh: the virtual environment to use "
             "(default .venv)"),
+    Setting("UCXCOMM_DOCKER_REQUIRED", _text, None,
+            "ci/docker-cluster.sh: 1 = fail, not skip, without root or an engine (.ci/run)"),
+    Setting("UCXCOMM_DOCKER_BASE", _text, None,
+            "ci/docker-cluster.sh: the base image to build on (default: python:3.11-slim, "
+            "else one made from Debian packages)"),
+    Setting("UCXCOMM_PROGS", _text, None,
+            "docker/compose.yaml: a host directory mounted at /progs in the TCP ranks"),
 )}
 
 
