@@ -320,24 +320,18 @@ class Win:
                            timeout: float | None = None) -> Any:
         """Apply ``op`` with ``value`` to one element; returns the previous value."""
         amo = _FOP.get(op) if dtype in _INT_AMO_KEYS else None
-        if timeout is not None:
-            deadline = Deadline(timeout, "Fetch_and_op")
-            if amo is not None:
-                return await within(self.Fetch_and_op(value, target_rank,
-                                                            target_disp, op, dtype),
-                                          timeout, "Fetch_and_op")
-        else:
-            deadline = NEVER
-        if amo is not None:  # the common case, kept short: one remote atomic
+        if amo is not None and timeout is None:  # the common case: one remote atomic
             r = self._check(target_rank)
             size = _INT_AMO_KEYS[dtype]
             off = self._offset(r, target_disp, size, "Fetch_and_op")
             return await self._mem[r].atomic(amo, 0 if op is NO_OP else value, off, dtype)
+        deadline = Deadline(timeout, "Fetch_and_op")
+        if amo is not None:
+            return await within(self.Fetch_and_op(value, target_rank, target_disp, op,
+                                                  dtype), timeout, "Fetch_and_op")
         dt = np.dtype(dtype)
         src = np.array([value], dtype=dt)
         res = np.empty(1, dtype=dt)
-        if deadline is NEVER:
-            deadline = Deadline(None, "Fetch_and_op")
         await self._accumulate(src, res, target_rank, target_disp, op, deadline)
         return res[0].item()
 
@@ -345,14 +339,15 @@ class Win:
                                target_disp: int = 0, dtype: Any = np.int64, *,
                                timeout: float | None = None) -> Any:
         """Write ``value`` if the element equals ``compare``; returns the old value."""
-        deadline = Deadline(timeout, "Compare_and_swap")
+        deadline = NEVER if timeout is None else Deadline(timeout, "Compare_and_swap")
         r = self._check(target_rank)
         dt = np.dtype(dtype)
         off = self._offset(r, target_disp, dt.itemsize, "Compare_and_swap")
         if dt in _INT_AMO:
-            return await within(
-                self._mem[r].atomic("cswap", value, off, dt, compare=compare),
-                deadline.left(), "Compare_and_swap")
+            op = self._mem[r].atomic("cswap", value, off, dt, compare=compare)
+            if timeout is None:  # the common case: no wrapper around the one atomic
+                return await op
+            return await within(op, timeout, "Compare_and_swap")
         src = np.array([value], dtype=dt)
         res = np.empty(1, dtype=dt)
         async with self._acc_lock(r, deadline) as mem:
@@ -378,7 +373,10 @@ class Win:
             await self._let_loop_run()
         if self._dead(r):
             raise PeerFailure(f"Flush: rank {r} died", peer=r)
-        await within(self._mem[r].flush(), timeout, "Flush")
+        if timeout is None:  # the common case: no wrapper (Put + Flush is the latency)
+            await self._mem[r].flush()
+        else:
+            await within(self._mem[r].flush(), timeout, "Flush")
 
     async def Flush_all(self, *, timeout: float | None = None) -> None:
         """:meth:`Flush` every rank."""
