@@ -232,27 +232,29 @@ down() { timeout 120 "${COMPOSE[@]}" down --remove-orphans -t 2 > /dev/null 2>&1
 # ended_at I: when rank I's container ended (seconds since the epoch)
 ended_at() { date -d "$(docker inspect -f '{{.State.FinishedAt}}' "${CIDS[$1]}")" +%s.%N; }
 
+# every_rank NAME MARKER: wait for each rank of phase NAME, which must exit 0 and print
+# MARKER (with @ replaced by its rank) in its log; then tear the phase down.
+every_rank() {
+  local i
+  for i in $(seq 0 $((N - 1))); do
+    finish "$1" "$i"
+    [ "$RC" = 0 ] || fail "$1: rank $i exited $RC"
+    grep -q "${2//@/$i}" "$OUT/$1.$i.log" || fail "$1: rank $i did not print its result"
+  done
+  down
+}
+
 # 3. p2p, collectives, windows
 t0=$SECONDS
 up work "python tests/spmd/cluster_prog.py work"
-for i in $(seq 0 $((N - 1))); do
-  finish work "$i"
-  [ "$RC" = 0 ] || fail "work: rank $i exited $RC"
-  grep -q "CLUSTER-OK $i lanes" "$OUT/work.$i.log" || fail "work: rank $i did not finish"
-done
-down
+every_rank work "CLUSTER-OK @ lanes"
 echo "docker-cluster: p2p, collectives and windows over TCP across $N containers: ok ($((SECONDS - t0)) s)"
 grep -h "CLUSTER-OK" "$OUT"/work.*.log
 
 # 4. the torch backend
 t0=$SECONDS
 up torch "python tests/spmd/torch_prog.py ops"
-for i in $(seq 0 $((N - 1))); do
-  finish torch "$i"
-  [ "$RC" = 0 ] || fail "torch: rank $i exited $RC"
-  grep -q "TORCH-OK ops rank $i" "$OUT/torch.$i.log" || fail "torch: rank $i did not finish"
-done
-down
+every_rank torch "TORCH-OK ops rank @"
 echo "docker-cluster: torch.distributed backend ucxcomm (every op against gloo) across $N containers: ok ($((SECONDS - t0)) s)"
 
 # 5. a program of one's own: nothing but the image, the variables and a mounted directory
@@ -271,13 +273,7 @@ async def main():
 asyncio.run(main())
 EOF
 UCXCOMM_PROGS="$OUT/progs" up mine "python /progs/mine.py"
-for i in $(seq 0 $((N - 1))); do
-  finish mine "$i"
-  [ "$RC" = 0 ] || fail "mine: rank $i exited $RC"
-  grep -q "MINE rank $i/$N on rank$i: sum $((N * (N + 1) / 2))" "$OUT/mine.$i.log" \
-    || fail "mine: rank $i printed no result"
-done
-down
+every_rank mine "MINE rank @/$N on rank@: sum $((N * (N + 1) / 2))"
 echo "docker-cluster: a rank program of one's own (mounted at /progs): ok ($((SECONDS - t0)) s)"
 grep -h "^MINE" "$OUT"/mine.*.log
 
