@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,7 @@ def test_import_has_no_side_effects():
         "import ucxcomm\n"
         "print(json.dumps({'env_changed': dict(os.environ) != before,"
         " 'ucx_loaded': any(m.startswith('ucxx') or m.split('.')[-1] in"
-        " ('_ucx', '_ucp', 'worker', 'endpoint', 'listener', 'rma', 'progress')"
+        " ('_ucx', '_ucp', '_fast', 'worker', 'endpoint', 'listener', 'rma', 'progress')"
         " for m in sys.modules),"
         " 'threads': threading.active_count() - threads}))\n"
     )
@@ -149,23 +150,26 @@ def test_library_never_prints():
         assert not calls, f"{rel} calls print()"
 
 
-def test_extension_stub_matches_the_extension():
-    """``transport/_ucp.pyi`` (what mypy checks the callers against) names exactly what
-    the compiled module offers: every function and class, and every public method of
-    each class (a name added to or dropped from the .pyx without the stub fails here)."""
-    code = ("import json, inspect\n"
+@pytest.mark.parametrize("module", ["transport/_ucp", "comm/_fast"])
+def test_extension_stub_matches_the_extension(module):
+    """Each compiled module's ``.pyi`` (what mypy checks the callers against) names exactly
+    what the module offers: every function and class, and every public method of each
+    class (a name added to or dropped from the .pyx without the stub fails here)."""
+    code = ("import json, inspect, importlib\n"
             "from ucxcomm.transport import _ucx\n"
             "_ucx.load()\n"
-            "m = _ucx.ucp\n"
+            f"m = importlib.import_module('ucxcomm.{module.replace('/', '.')}')\n"
             "out = {}\n"
             "for n, v in vars(m).items():\n"
             "    if n.startswith('__') or inspect.ismodule(v):\n"
             "        continue\n"
             "    if isinstance(v, type):\n"
+            "        if v.__module__ != m.__name__:\n"
+            "            continue\n"
             "        out[n] = sorted(k for k in vars(v) if not k.startswith('__')\n"
             "                        and not k.startswith('_') or k in ('_engine_setup',\n"
             "                        '_abort_ops', '_dead', '_closed'))\n"
-            "    elif callable(v) or isinstance(v, int):\n"
+            "    elif callable(v) or isinstance(v, int) or type(v).__module__ == m.__name__:\n"
             "        out[n] = None\n"
             "print(json.dumps(out))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -173,7 +177,7 @@ def test_extension_stub_matches_the_extension():
     compiled = json.loads(proc.stdout)
     compiled = {n: v for n, v in compiled.items() if not n.startswith("_")}
     stub: dict[str, list[str] | None] = {}
-    tree = ast.parse((PKG / "transport" / "_ucp.pyi").read_text())
+    tree = ast.parse((PKG / f"{module}.pyi").read_text())
     for node in tree.body:
         if isinstance(node, ast.ClassDef):
             stub[node.name] = sorted(
@@ -186,5 +190,25 @@ def test_extension_stub_matches_the_extension():
         elif isinstance(node, ast.AnnAssign) and not node.target.id.startswith("_"):
             stub[node.target.id] = None
     # A subclass in the stub lists only what it adds; the extension shows its own.
-    stub["GroupCollectives"] = compiled.get("GroupCollectives")
+    if "GroupCollectives" in stub:
+        stub["GroupCollectives"] = compiled.get("GroupCollectives")
     assert stub == compiled
+
+
+_CIMPORT = re.compile(r"^\s*(?:from\s+(\S+)\s+cimport|cimport\s+(\S+))", re.M)
+_PYIMPORT = re.compile(r"^\s*(?:from\s+(\S+)\s+import\s|import\s+(\S+))", re.M)
+
+
+def test_compiled_modules_keep_the_layers():
+    """The communicator's compiled module uses the engine only through its declarations
+    (``cimport`` of ``ucxcomm.transport._ucp``: the .pxd), never a Python import of the
+    transport, and the engine imports nothing above the transport."""
+    fast = (PKG / "comm" / "_fast.pyx").read_text()
+    cimports = {a or b for a, b in _CIMPORT.findall(fast)}
+    pyimports = {a or b for a, b in _PYIMPORT.findall(fast)} - cimports
+    assert {c for c in cimports if c.startswith("ucxcomm")} == {"ucxcomm.transport._ucp"}
+    assert not {i for i in pyimports if "transport" in i or i.startswith("ucxx")}, pyimports
+    engine = (PKG / "transport" / "_ucp.pyx").read_text()
+    above = {a or b for a, b in _PYIMPORT.findall(engine) + _CIMPORT.findall(engine)}
+    assert not {i for i in above if i.lstrip(".").startswith(("comm", "pipes", "launch"))
+                or i.startswith(("ucxcomm.comm", "ucxcomm.pipes", "ucxcomm.launch"))}, above

@@ -1,4 +1,5 @@
-"""How the compiled extension ``ucxcomm.transport._ucp`` is built (setup.py uses this).
+"""How the compiled extensions are built (setup.py uses this): the transport's engine
+``ucxcomm.transport._ucp`` and the communicator's fast paths ``ucxcomm.comm._fast``.
 
 Two parts, so that each gets the warnings it deserves:
 
@@ -7,7 +8,10 @@ Two parts, so that each gets the warnings it deserves:
   ci/env.sh sets it); UCX's own headers are included as system headers (they are not
   ``-Wextra`` clean);
 * the Cython module ``ucxcomm/transport/_ucp.pyx`` (generated C: Cython's own warnings are
-  not ours to fix), linked with that library.
+  not ours to fix), linked with that library;
+* the Cython module ``ucxcomm/comm/_fast.pyx``, which uses the engine at C level through
+  its declarations (``ucxcomm/transport/_ucp.pxd``, cimported: calls through the engine
+  type's method table, imported at run time), so it links nothing of UCX or csrc.
 
 Both compile against the UCX headers of the ``libucx`` wheel (or of the UCX under
 ``UCXCOMM_UCX_PREFIX``) and link ``libucp``/``libucs`` by soname only (no rpath): at run
@@ -46,7 +50,7 @@ def c_library() -> tuple[str, dict[str, Any]]:
 
 
 def extensions() -> list[Any]:
-    """The Cython extension, cythonized."""
+    """The Cython extensions, cythonized."""
     from Cython.Build import cythonize
     from setuptools import Extension
 
@@ -60,4 +64,7 @@ def extensions() -> list[Any]:
         # ucxcomm_csrc first: it needs libucp/libucs, which come after it.
         libraries=["ucxcomm_csrc", "ucp", "ucs", "dl", "pthread"],
     )
-    return cythonize([ext], language_level=3, quiet=True)
+    fast = Extension("ucxcomm.comm._fast", ["ucxcomm/comm/_fast.pyx"],
+                     extra_compile_args=["-O2"])
+    # include_path: where `cimport ucxcomm.transport._ucp` finds the .pxd
+    return cythonize([ext, fast], language_level=3, quiet=True, include_path=["."])

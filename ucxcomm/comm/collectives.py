@@ -292,14 +292,17 @@ class Collectives:
         return None if pair is None else pair.allreduce(sendbuf, recvbuf, op)
 
     def _make_pair(self) -> Any:
-        """The compiled two-rank collectives (``Link.pair_collectives``), made on the
-        first call that can use them (they need the peer's endpoint); None while the
-        communicator is closed (the general paths raise)."""
+        """The compiled small collectives (``comm/_fast.pyx``: ``PairCollectives`` for
+        two ranks, ``GroupCollectives`` up to SMALL_MAX_RANKS), made on the first call
+        that can use them (they need the peers' endpoints); None while the communicator
+        is closed (the general paths raise)."""
         if self._group.closed or self._group.world.closed:
             return None
-        small = self._small
-        pair = self._pair = (small.pair_collectives(IN_PLACE) if self.size == 2
-                             else small.group_collectives(IN_PLACE))
+        from . import _fast
+
+        g = self._group
+        pair = self._pair = (_fast.PairCollectives(g) if self.size == 2
+                             else _fast.GroupCollectives(g))
         self._pair_ar = pair.allreduce
         return pair
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,9 +20,6 @@ from .._deadline import check_timeout, limit, within
 from .._serialize import FRAMED, encode, loads_inline
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError, UcxCommError
 from ..tags import (
-    _SRC_MASK,
-    _SRC_SHIFT,
-    _TAG_MASK,
     ANY_SOURCE,
     ANY_TAG,
     KIND_P2P,
@@ -209,8 +205,6 @@ class Comm:
         self._eps = g.eps  # connected endpoints (None: connect with _ep)
         self._ep = g.endpoint
         self._match = g.match
-        # Buffer receives' Status built by the compiled engine (recv_status otherwise).
-        g.transport.fast_status(recv_status, Status, _SRC_MASK, _SRC_SHIFT, _TAG_MASK)
         self._p2p_base = g.p2p_base
         self._frame_seq = g.frame_seq
         self._check_open = g.check_open
@@ -220,22 +214,14 @@ class Comm:
         self._await_recv = g.await_recv
         self._post_recv_obj = g.post_recv_obj
         self._finish_recv_obj = g.finish_recv_obj
-        # Send/Isend and Recv/Irecv: one compiled call each in the common case (the
-        # transport's p2p path), which falls back on _post_send / _recv_slow. Through a
-        # weak reference: the path belongs to this communicator, and a cycle would keep
-        # a dropped one (and its scratch memory) until the garbage collector runs.
-        me = weakref.ref(self)
+        # Send/Isend and Recv/Irecv: one compiled call each in the common case
+        # (comm/_fast.pyx), which falls back on _post_send / _recv_slow.
+        from . import _fast
 
-        def slow_send(buf: Any, dest: Any, tag: Any) -> Any:
-            return me()._post_send(buf, dest, tag)  # type: ignore[union-attr]
-
-        def slow_recv(buf: Any, source: Any, tag: Any, spin: bool, post: bool) -> Any:
-            return me()._recv_slow(buf, source, tag, spin, post)  # type: ignore[union-attr]
-
-        fast = g.transport.p2p_path(g, world, g.eps, g._match_cache, KIND_P2P, g.p2p_base,
-                                    g.size, TAG_UB, recv_status, slow_send, slow_recv)
-        self._send_now = self._post_send if fast is None else fast.send
-        self._recv_now = self._recv_slow if fast is None else fast.recv
+        self._status = _fast.RECV_STATUS
+        fast = _fast.P2P(self)
+        self._send_now = fast.send
+        self._recv_now = fast.recv
 
     def __repr__(self) -> str:
         return self._group.label
@@ -313,7 +299,7 @@ class Comm:
         """``Recv``/``Irecv`` when the p2p path does not serve them: checks (raising),
         then the match (cached for the next call) and the receive; the result is the
         path's (``recv_status`` applied to a future's)."""
-        return self._post_recv(buf, source, tag, KIND_P2P, spin, recv_status, post)
+        return self._post_recv(buf, source, tag, KIND_P2P, spin, self._status, post)
 
     async def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
                    timeout: float | None = None) -> Status:

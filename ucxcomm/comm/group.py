@@ -79,9 +79,12 @@ class Group:
         :meth:`check_open`).
     label : str
         How the communicator names itself in messages and ``repr``.
+    match_cache : dict
+        ``(kind, source, tag) -> (ucx_tag, mask, peers)`` of receives checked before
+        (:meth:`match`; the compiled point-to-point path reads it).
     """
 
-    __slots__ = ("_coll_seq", "_match_cache", "cid", "closed", "eps", "frame_seq", "label",
+    __slots__ = ("_coll_seq", "cid", "closed", "eps", "frame_seq", "label", "match_cache",
                  "members", "p2p_base", "peer_sets", "peers_all", "rank", "scratch", "size",
                  "transport", "world")
 
@@ -103,7 +106,7 @@ class Group:
         self.closed = False
         self.label = f"<ucxcomm.Comm cid={cid} rank={self.rank} size={self.size}>"
         self._coll_seq = 0
-        self._match_cache: dict[tuple[int, int, int], tuple[int, int, frozenset]] = {}
+        self.match_cache: dict[tuple[int, int, int], tuple[int, int, frozenset]] = {}
 
     def __repr__(self) -> str:
         return f"<ucxcomm.comm.group.Group of {self.label}>"
@@ -155,13 +158,13 @@ class Group:
         """UCX (tag, mask) and the peers a receive depends on (memoized: receives
         repeat the same few (source, tag) pairs)."""
         key = (kind, source, tag)
-        got = self._match_cache.get(key)
+        got = self.match_cache.get(key)
         if got is None:
             peers = self.peers_all if source == ANY_SOURCE else self.peer_sets[source]
             got = (make_tag(self.cid, kind, max(source, 0), max(tag, 0)),
                    make_mask(source, tag), peers)
-            if len(self._match_cache) < 4096:
-                self._match_cache[key] = got
+            if len(self.match_cache) < 4096:
+                self.match_cache[key] = got
         return got
 
     @staticmethod

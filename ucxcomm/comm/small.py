@@ -19,9 +19,7 @@ import numpy as np
 
 from ..errors import ClosedError, TruncationError
 from ..tags import KIND_COLL, make_tag
-from . import algorithms as alg
 from .algorithms import Chan, _whole
-from .ops import SUM
 
 if TYPE_CHECKING:
     from .group import Group
@@ -49,19 +47,6 @@ class _Done:
 
 #: What a path that finished inside the call returns.
 DONE = _Done()
-
-
-#: The reductions the compiled two-rank Allreduce does itself: (dtype kind, itemsize)
-#: -> its kernel (SUM; native byte order only).
-_NATIVE_SUM = {("f", 4): 1, ("f", 8): 2, ("i", 4): 3, ("u", 4): 3, ("i", 8): 4, ("u", 8): 4}
-
-
-def native_kernel(op: Any, dtype: Any) -> tuple[int, int]:
-    """``(kernel, itemsize)`` of the compiled two-rank Allreduce for ``op`` on
-    ``dtype``; kernel 0: not served there (the Python paths take the call)."""
-    if op is not SUM or not dtype.isnative:
-        return 0, 1
-    return _NATIVE_SUM.get((dtype.kind, dtype.itemsize), 0), dtype.itemsize
 
 
 def small_ok(*arrays: Any) -> bool:
@@ -98,33 +83,9 @@ class SmallCollectives:
         self._stag0 = make_tag(group.cid, KIND_COLL, group.rank, 0)
         self._rtag0 = make_tag(group.cid, KIND_COLL, 1 - group.rank, 0) if group.size == 2 else 0
 
-    def pair_collectives(self, in_place: Any) -> Any:
-        """The compiled two-rank collectives of this communicator (see
-        ``Link.pair_collectives``): each method returns None (not served), DONE, or a
-        rest for :meth:`pair_rest`, :meth:`pair_rsb_rest` or :meth:`pair_wait`."""
-        g = self._group
-        return g.endpoint(1 - self.rank).pair_collectives(
-            self._stag0, self._rtag0, self.rank, g.peers_all, **self._hooks(in_place))
-
-    def group_collectives(self, in_place: Any) -> Any:
-        """The compiled small collectives of a communicator of 3 to SMALL_MAX_RANKS
-        ranks (see ``Link.group_collectives``): methods as :meth:`pair_collectives`'s,
-        their rests for the same finishing methods."""
-        g = self._group
-        links = [g.endpoint(q) for q in self._peers]
-        rtags = [make_tag(g.cid, KIND_COLL, q, 0) for q in self._peers]
-        return links[0].group_collectives(links, self._stag0, rtags, self.rank, g.peers_all,
-                                          **self._hooks(in_place))
-
-    def _hooks(self, in_place: Any) -> dict[str, Any]:
-        """What the compiled collectives need from this layer (``Link.pair_collectives``)."""
-        g = self._group
-        return dict(ndarray=np.ndarray, in_place=in_place, done=DONE, next_seq=g.next_seq,
-                    check_open=g.check_open, native=native_kernel, tuning=alg.TUNING,
-                    ring_key="allreduce_ring_min", small_max=SMALL_MAX)
-
     async def pair_wait(self, rest: tuple[Any, Any, int, Any], what: str) -> None:
-        """Finish a compiled two-rank collective ``what`` that had to wait: ``rest`` is
+        """Finish a compiled small collective (``comm/_fast.pyx``'s ``PairCollectives``
+        and ``GroupCollectives``) ``what`` that had to wait: ``rest`` is
         ``(send future or None, receive result or future or None, sequence number,
         scratch)``; a receive that overflowed raises TruncationError naming ``what``."""
         sent, got, seq, _ = rest

@@ -4,8 +4,16 @@
 # the implementations and their docstrings; _ucp.pyi the Python-level types.
 #
 # BufRef: a held buffer export. Op: one pending tag operation. TagEngine: the pending tag
-# operations of one UCX worker. EpSend: one endpoint's compiled isend. All final: their
-# cdef methods are called directly, not through a method table.
+# operations of one UCX worker. EpSend: one endpoint's compiled isend and its fields.
+# Finish: a receive's finish function with a C-level result for a message that fitted
+# (subclassed by ucxcomm/comm/_fast.pyx). All but Finish final.
+#
+# The C-level API for cimporting callers is TagEngine's c_* methods: c_check(peers)
+# (raise for a closed worker or dead peers), c_send / c_send_to (post a tag send: None
+# when it completed, else its future), c_post_match(op, spin) (a matched-probe receive
+# of a prepared Op: its (sender_tag, nbytes, capacity) or future), c_exchange (a send and
+# a c_post_match in one call), c_irecv (TagEngine.irecv). The _-prefixed rest is the
+# engine's own; it is declared here only because Cython needs a class's whole table.
 
 cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
@@ -44,6 +52,10 @@ cdef class Op:
     cdef void mark_settled(self)
 
 
+cdef class Finish:
+    cdef object fitted(self, uint64_t stag, size_t nbytes, size_t cap)
+
+
 @cython.final
 cdef class TagEngine:
     cdef uintptr_t _wh
@@ -63,21 +75,21 @@ cdef class TagEngine:
     cdef int _canceled         # UCS_ERR_CANCELED
     cdef int _truncated        # UCS_ERR_MESSAGE_TRUNCATED
 
-    cdef int _check(self, object peers) except -1
+    cdef int c_check(self, object peers) except -1
     cdef object _dead_error(self, object peers)
     cdef object _error(self, int st, object peers, str what)
-    cdef object _send_obj(self, uintptr_t ep, object obj, uint64_t tag, object peers,
-                          bint fast)
+    cdef object c_send(self, uintptr_t ep, object obj, uint64_t tag, object peers,
+                       bint fast)
     cdef object _polled_op(self, int st, void *req, object keep, object peers, str what,
                            bint is_recv)
-    cdef object _irecv(self, object obj, uint64_t tag, uint64_t mask, object peers,
-                       object finish, bint spin, bint post)
+    cdef object c_irecv(self, object obj, uint64_t tag, uint64_t mask, object peers,
+                        object finish, bint spin, bint post)
     cdef object _irecv_result(self, object res, Op op)
-    cdef tuple _exchange(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
-                         uint64_t stag, object speers, bint fast, Op op)
-    cdef object _send_to(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
-                         uint64_t stag, object speers, bint fast)
-    cdef object _post_match(self, Op op, bint spin)
+    cdef tuple c_exchange(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
+                          uint64_t stag, object speers, bint fast, Op op)
+    cdef object c_send_to(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
+                          uint64_t stag, object speers, bint fast)
+    cdef object c_post_match(self, Op op, bint spin)
     cdef bint _probe_fresh(self, uint64_t tag, uint64_t mask, void **msg, uint64_t *stag,
                            size_t *nbytes) except -1
     cdef bint _progress_once(self) except -1

@@ -19,10 +19,7 @@ extension links ``libucp`` by soname). The declarations below mirror ``csrc/ucxc
 the C compiler checks them against it.
 """
 
-from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release,
-                             PyObject_GetBuffer)
-from cpython.long cimport PyLong_AsLongLongAndOverflow
-from cpython.object cimport PyObject, PyTypeObject
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, memmove
 
@@ -340,44 +337,25 @@ cdef class Op:
             self.settled.set_result(None)
 
 
-# A finish function whose result is computed here when the message fitted (see
-# fast_status): the comm layer's Status per buffer receive, without its Python frames.
-cdef object _status_fn = None
-cdef object _status_cls = None
-cdef uint64_t _status_src_mask = 0
-cdef uint64_t _status_tag_mask = 0
-cdef int _status_src_shift = 0
+cdef class Finish:
+    """A receive's ``finish`` whose result the engine gets at C level when the message
+    fitted (:meth:`fitted`, declared in ``_ucp.pxd``): a caller's compiled subclass
+    builds it without a Python call (the communicator's ``Status`` per buffer receive).
+    Calling the object maps any ``(sender_tag, nbytes, capacity)``, overflows included;
+    a plain callable works too, it is then always called."""
+
+    cdef object fitted(self, uint64_t stag, size_t nbytes, size_t cap):
+        return self((stag, nbytes, cap))
+
+    def __call__(self, result):
+        raise NotImplementedError("a Finish subclass maps the receive's result")
 
 
-def fast_status(fn, cls, uint64_t src_mask, int src_shift, uint64_t tag_mask):
-    """Declare that ``fn((sender_tag, nbytes, capacity))``, for a message that fitted
-    (``nbytes <= capacity``), returns ``cls`` with attributes ``source`` (the tag's
-    bits under ``src_mask``, shifted right by ``src_shift``), ``tag`` (under
-    ``tag_mask``) and ``nbytes``: the engine then builds it itself (``fn`` still handles
-    overflows)."""
-    global _status_fn, _status_cls, _status_src_mask, _status_src_shift, _status_tag_mask
-    _status_fn, _status_cls = fn, cls
-    _status_src_mask, _status_src_shift, _status_tag_mask = src_mask, src_shift, tag_mask
-
-
-cdef tuple _NO_ARGS = ()
-
-
-cdef object _fitted(object finish, uint64_t stag, size_t nbytes, size_t cap):
-    """``finish((stag, nbytes, cap))`` of a receive whose message fitted, made here for
-    the :func:`fast_status` function."""
-    if finish is _status_fn and finish is not None:
-        return _make_status(stag, nbytes)
+cdef inline object _fitted(object finish, uint64_t stag, size_t nbytes, size_t cap):
+    """``finish((stag, nbytes, cap))`` of a receive whose message fitted."""
+    if isinstance(finish, Finish):
+        return (<Finish>finish).fitted(stag, nbytes, cap)
     return finish((stag, nbytes, cap))
-
-
-cdef object _make_status(uint64_t stag, size_t nbytes):
-    # (the class's own tp_new: no lookup of __new__, no bound call)
-    s = (<PyTypeObject *>_status_cls).tp_new(_status_cls, <PyObject *>_NO_ARGS, NULL)
-    s.source = <long long>((stag & _status_src_mask) >> _status_src_shift)
-    s.tag = <long long>(stag & _status_tag_mask)
-    s.nbytes = nbytes
-    return s
 
 
 cdef Op _ptr_op(uintptr_t ptr, size_t cap, object keep, bint device, uint64_t tag,
@@ -451,7 +429,7 @@ cdef class TagEngine:
         self._monotonic = time.monotonic
 
     # ------------------------------------------------------------ checks
-    cdef int _check(self, object peers) except -1:
+    cdef int c_check(self, object peers) except -1:
         if self._closed:
             from ..errors import ClosedError
             raise ClosedError("the worker is closed")
@@ -500,15 +478,15 @@ cdef class TagEngine:
         allocated), else a future. ``fast`` asks for UCX's fast-completion protocols
         below 256 KiB (a win on shared memory, a loss on TCP: the endpoint decides);
         sends up to ``FAST_SMALL_MAX`` bytes ask for them on every endpoint."""
-        return self._send_obj(ep, obj, tag, peers, fast)
+        return self.c_send(ep, obj, tag, peers, fast)
 
-    cdef object _send_obj(self, uintptr_t ep, object obj, uint64_t tag, object peers,
-                          bint fast):
+    cdef object c_send(self, uintptr_t ep, object obj, uint64_t tag, object peers,
+                       bint fast):
         cdef Py_buffer view
         cdef void *req = NULL
         cdef int st
         cdef Op op
-        self._check(peers)
+        self.c_check(peers)
         try:
             get_buffer(obj, &view, PyBUF_SIMPLE)
         except (TypeError, ValueError, BufferError):
@@ -540,7 +518,7 @@ cdef class TagEngine:
         """Like :meth:`send` for a target from :meth:`send_ptr`."""
         cdef void *req = NULL
         cdef size_t n = t[1]
-        self._check(peers)
+        self.c_check(peers)
         cdef int st = ucxcomm_tag_send(ep, <const void *><uintptr_t>t[0], n, tag,
                                        _fast_send(fast, n), &req)
         return self._polled_op(st, req, t[2], peers, "send", False)
@@ -570,7 +548,7 @@ cdef class TagEngine:
         cdef void *req = NULL
         cdef uint64_t stag = 0
         cdef size_t length = 0
-        self._check(None)
+        self.c_check(None)
         cdef int st = ucxcomm_tag_recv(self._wh, <void *><uintptr_t>t[0], <size_t>t[1], tag,
                                        mask, &req, &stag, &length)
         return self._polled_op(st, req, t[2], peers, "receive", True)
@@ -580,7 +558,7 @@ cdef class TagEngine:
         cdef void *msg = NULL
         cdef uint64_t stag = 0
         cdef size_t length = 0
-        self._check(None)
+        self.c_check(None)
         ucxcomm_progress(self._wh)
         if not ucxcomm_tag_probe(self._wh, tag, mask, 0, &msg, &stag, &length):
             return None
@@ -589,7 +567,7 @@ cdef class TagEngine:
     def probe_wait(self, uint64_t tag, uint64_t mask, object peers):
         """Resolve to ``(sender_tag, nbytes)`` once a matching message is there (not
         consumed)."""
-        self._check(None)
+        self.c_check(None)
         cdef Op op = Op.__new__(Op)
         op.future = self._create_future()
         op.peers = peers
@@ -612,11 +590,11 @@ cdef class TagEngine:
         posted to UCX (matched on arrival, straight into the buffer), and a message that
         outgrows it is consumed without writing the buffer.
         """
-        self._check(None)
+        self.c_check(None)
         cdef Op op = _target_op(t, tag, mask, peers)
         op.finish = finish
         op.posted = post  # (a request: set again when it is posted to UCX)
-        return self._post_match(op, spin)
+        return self.c_post_match(op, spin)
 
     def recv_posted(self, tuple t, uint64_t tag, uint64_t mask, object peers):
         """A receive posted straight to UCX into target ``t``, never probed: UCX takes
@@ -627,7 +605,7 @@ cdef class TagEngine:
         peer's oversized message costs nothing. Only for tags that no matched-probe
         receive (:meth:`recv_into`, :meth:`recv_alloc`) waits on at the same time:
         those would lose their place in the matching order."""
-        self._check(None)
+        self.c_check(None)
         return self._post_to_ucx(_target_op(t, tag, mask, peers))
 
     def irecv(self, object obj, uint64_t tag, uint64_t mask, object peers, object finish,
@@ -635,16 +613,16 @@ cdef class TagEngine:
         """``Comm.Irecv``'s (and ``Recv``'s) one crossing: :meth:`recv_into` of buffer
         ``obj`` (validated here, as :meth:`recv_ptr` does) with ``post`` and ``spin``.
         Returns ``finish(result)`` when the message was there (or arrived while ``spin``
-        waited) and fitted (built here when ``finish`` is the :func:`fast_status`
-        function), ``(sender_tag, nbytes, capacity)`` when it outgrew ``obj`` (consumed,
-        the prefix written), else a future resolving to ``finish(result)``.
+        waited) and fitted (at C level when ``finish`` is a :class:`Finish`),
+        ``(sender_tag, nbytes, capacity)`` when it outgrew ``obj`` (consumed, the prefix
+        written), else a future resolving to ``finish(result)``.
 
         A message already here that fits and is received at once costs no Op, no held
         buffer object and no future: only the result."""
-        return self._irecv(obj, tag, mask, peers, finish, spin, post)
+        return self.c_irecv(obj, tag, mask, peers, finish, spin, post)
 
-    cdef object _irecv(self, object obj, uint64_t tag, uint64_t mask, object peers,
-                       object finish, bint spin, bint post):
+    cdef object c_irecv(self, object obj, uint64_t tag, uint64_t mask, object peers,
+                        object finish, bint spin, bint post):
         cdef Py_buffer view
         cdef void *msg = NULL
         cdef void *req = NULL
@@ -653,14 +631,14 @@ cdef class TagEngine:
         cdef int st = 0
         cdef bint found = False
         cdef Op op
-        self._check(None)
+        self.c_check(None)
         try:
             get_buffer(obj, &view, PyBUF_WRITABLE)
         except (TypeError, ValueError, BufferError):
             op = _target_op(_slow_target(obj, True, self._cuda), tag, mask, peers)
             op.finish = finish
             op.posted = post
-            return self._irecv_result(self._post_match(op, spin), op)
+            return self._irecv_result(self.c_post_match(op, spin), op)
         cdef bint free = not self._probes or not self._overlaps(tag, mask)
         if free:
             found = self._probe_fresh(tag, mask, &msg, &stag, &nbytes)
@@ -697,13 +675,13 @@ cdef class TagEngine:
     def recv_alloc(self, uint64_t tag, uint64_t mask, object peers, bint spin=False):
         """Matched-probe receive into new memory of the message's size (a ``bytearray``
         below 64 KiB, else a ``numpy.uint8`` array): ``(sender_tag, nbytes, buffer)``."""
-        self._check(None)
+        self.c_check(None)
         cdef Op op = Op.__new__(Op)
         op.peers = peers
         op.tag = tag
         op.mask = mask
         op.alloc = True
-        return self._post_match(op, spin)
+        return self.c_post_match(op, spin)
 
     def exchange(self, uintptr_t ep, tuple st, uint64_t stag, object speers, bint fast,
                  tuple rt, uint64_t rtag, object rpeers):
@@ -718,50 +696,34 @@ cdef class TagEngine:
         checks the size).
         """
         cdef Op op = _target_op(rt, rtag, FULL_MASK, rpeers)
-        res = self._exchange(ep, <uintptr_t>st[0], <size_t>st[1], st[2], stag, speers, fast,
+        res = self.c_exchange(ep, <uintptr_t>st[0], <size_t>st[1], st[2], stag, speers, fast,
                              op)
         if res[0] is None and type(res[1]) is tuple and op.length == op.cap:
             return None
         return res
 
-    def pair_collectives(self, ep, speers, rpeers, int rank, uint64_t stag0,
-                         uint64_t rtag0, **hooks):
-        """A :class:`PairCollectives` over endpoint ``ep`` (a two-rank communicator's)."""
-        return PairCollectives(self, ep, speers, rpeers, rank, stag0, rtag0, **hooks)
-
-    def p2p(self, group, world, list eps, dict cache, object kind, uint64_t base,
-            Py_ssize_t size, long long tag_ub, finish, slow_send, slow_recv):
-        """A :class:`P2P` for a communicator (see there)."""
-        return P2P(self, group, world, eps, cache, kind, base, size, tag_ub, finish,
-                   slow_send, slow_recv)
-
     def ep_send(self, uintptr_t handle, peers, bint fast):
         """An :class:`EpSend` for the endpoint with UCX handle ``handle``."""
         return EpSend(self, handle, peers, fast)
 
-    def group_collectives(self, eps, rpeers, int rank, uint64_t stag0, rtag0s, **hooks):
-        """A :class:`GroupCollectives` over endpoints ``eps`` (every other rank's, in
-        rank order) of a communicator of ``len(eps) + 1`` ranks."""
-        return GroupCollectives(self, eps, rpeers, rank, stag0, rtag0s, **hooks)
-
-    cdef tuple _exchange(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
-                         uint64_t stag, object speers, bint fast, Op op):
+    cdef tuple c_exchange(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
+                          uint64_t stag, object speers, bint fast, Op op):
         """:meth:`exchange` from a send buffer and a prepared receive: ``(send future or
         None, receive result or future)``."""
-        sent = self._send_to(ep, ptr, n, keep, stag, speers, fast)
-        return sent, self._post_match(op, True)
+        sent = self.c_send_to(ep, ptr, n, keep, stag, speers, fast)
+        return sent, self.c_post_match(op, True)
 
-    cdef object _send_to(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
-                         uint64_t stag, object speers, bint fast):
+    cdef object c_send_to(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
+                          uint64_t stag, object speers, bint fast):
         """Send ``n`` bytes at ``ptr`` (``keep`` holds them) tagged ``stag``: None when it
         completed at once, else its future."""
         cdef void *req = NULL
-        self._check(speers)
+        self.c_check(speers)
         cdef int rc = ucxcomm_tag_send(ep, <const void *>ptr, n, stag,
                                        _fast_send(fast, n), &req)
         return self._polled_op(rc, req, keep, speers, "send", False)
 
-    cdef object _post_match(self, Op op, bint spin):
+    cdef object c_post_match(self, Op op, bint spin):
         # Only receives that could match the same message must keep their order; with no
         # earlier one pending, probe now (a message already here keeps the truncation
         # prefix), else post it to UCX (which then matches it on arrival, straight into
@@ -782,7 +744,7 @@ cdef class TagEngine:
     cdef bint _probe_fresh(self, uint64_t tag, uint64_t mask, void **msg, uint64_t *stag,
                            size_t *nbytes) except -1:
         """Take the first message matching ``(tag, mask)`` out of UCX's unexpected
-        queue, progressing the worker once if none is there (see :meth:`_post_match`)."""
+        queue, progressing the worker once if none is there (see :meth:`c_post_match`)."""
         if ucxcomm_tag_probe(self._wh, tag, mask, 1, msg, stag, nbytes):
             return True
         return bool(self._progress_once()
@@ -986,9 +948,13 @@ cdef class TagEngine:
         elif status < 0:
             fut.set_exception(self._error(status, op.peers, "operation"))
         elif op.alloc or op.has_ptr:
-            if (op.finish is not None and op.finish is _status_fn and not op.alloc
-                    and op.length <= op.cap):
-                fut.set_result(_make_status(op.sender_tag, op.length))
+            if isinstance(op.finish, Finish) and not op.alloc and op.length <= op.cap:
+                try:
+                    result = (<Finish>op.finish).fitted(op.sender_tag, op.length, op.cap)
+                except Exception as exc:
+                    fut.set_exception(exc)
+                    return
+                fut.set_result(result)
                 return
             result = self._result(op)
             if op.finish is not None:
@@ -1529,38 +1495,7 @@ def rma_atomic(uintptr_t eng, uintptr_t ep, int opcode, size_t size, bint signed
     return _word_value(&r.reply, size, signed) if fetch else None
 
 
-# ====================================================================== two-rank Allreduce
-cdef void _sum_pair(int kind, bint first, const char *mine, const char *theirs, char *out,
-                    Py_ssize_t nbytes) noexcept nogil:
-    """``out = a + b`` element-wise, ``a`` rank 0's operand and ``b`` rank 1's (the same
-    order on both ranks: bit-identical results). Integers wrap like numpy's."""
-    cdef const char *a = mine if first else theirs
-    cdef const char *b = theirs if first else mine
-    cdef Py_ssize_t i
-    if kind == 1:
-        for i in range(nbytes // 4):
-            (<float *>out)[i] = (<const float *>a)[i] + (<const float *>b)[i]
-    elif kind == 2:
-        for i in range(nbytes // 8):
-            (<double *>out)[i] = (<const double *>a)[i] + (<const double *>b)[i]
-    elif kind == 3:
-        for i in range(nbytes // 4):
-            (<uint32_t *>out)[i] = (<const uint32_t *>a)[i] + (<const uint32_t *>b)[i]
-    elif kind == 4:
-        for i in range(nbytes // 8):
-            (<uint64_t *>out)[i] = (<const uint64_t *>a)[i] + (<const uint64_t *>b)[i]
-
-
-cdef void _sum_rows(int kind, const char *rows, int size, Py_ssize_t nbytes,
-                    char *out) noexcept nogil:
-    """``out = ((row 0 + row 1) + row 2) + ...``: the rows (``nbytes`` each, one per rank,
-    back to back) folded from the left, the order of ``SmallCollectives.allreduce``."""
-    cdef int k
-    _sum_pair(kind, True, rows, rows + nbytes, out, nbytes)
-    for k in range(2, size):
-        _sum_pair(kind, True, out, rows + k * nbytes, out, nbytes)
-
-
+# ====================================================================== endpoints
 cdef class EpSend:
     """One endpoint's tag send in one compiled call: :meth:`send` is that endpoint's
     ``isend`` (``Endpoint`` keeps ``handle``, ``fast`` and ``closed`` current)."""
@@ -1578,600 +1513,4 @@ cdef class EpSend:
         if self.closed:
             from ..errors import ClosedError
             raise ClosedError("the endpoint is closed")
-        return self.eng._send_obj(self.handle, obj, tag, self.peers, self.fast)
-
-
-cdef class P2P:
-    """A communicator's buffer point-to-point in one call into compiled code each:
-    :meth:`send` for ``Send``/``Isend`` and :meth:`recv` for ``Recv``/``Irecv``, from
-    the arguments as the user gave them.
-
-    The common case (open communicator, ``int`` rank and tag in range, a connected
-    endpoint; for receives a ``(source, tag)`` whose match the communicator has checked
-    and cached before) goes straight to the engine; anything else calls the
-    communicator's Python path (``slow_send(buf, dest, tag)``, ``slow_recv(buf, source,
-    tag, spin, post)``), which checks, raises or connects, with the same results.
-    ``group`` and ``world`` are read for their ``closed`` flag, ``eps`` is the
-    communicator's list of endpoints (``None``: not connected yet) and ``cache`` its
-    match cache (``(kind, source, tag) -> (ucx_tag, mask, peers)``)."""
-
-    cdef TagEngine eng
-    cdef object group
-    cdef object world
-    cdef list eps
-    cdef dict cache
-    cdef object kind
-    cdef uint64_t base
-    cdef Py_ssize_t size
-    cdef long long tag_ub
-    cdef object finish
-    cdef object slow_send
-    cdef object slow_recv
-
-    def __init__(self, TagEngine eng, group, world, list eps, dict cache, object kind,
-                 uint64_t base, Py_ssize_t size, long long tag_ub, finish, slow_send,
-                 slow_recv):
-        self.eng = eng
-        self.group = group
-        self.world = world
-        self.eps = eps
-        self.cache = cache
-        self.kind = kind
-        self.base = base
-        self.size = size
-        self.tag_ub = tag_ub
-        self.finish = finish
-        self.slow_send = slow_send
-        self.slow_recv = slow_recv
-
-    def send(self, object obj, object dest, object tag):
-        """Post the send of buffer ``obj`` to rank ``dest`` with ``tag``: None when it
-        completed at once, else its future."""
-        cdef int dover = 0, tover = 0
-        cdef long long d, t
-        cdef EpSend s
-        if type(dest) is int and type(tag) is int and not self.group.closed \
-                and not self.world.closed:
-            d = PyLong_AsLongLongAndOverflow(dest, &dover)
-            t = PyLong_AsLongLongAndOverflow(tag, &tover)
-            if not (dover or tover) and 0 <= d < self.size and 0 <= t <= self.tag_ub:
-                ep = self.eps[d]
-                if ep is not None:
-                    sender = getattr(ep, "_sender", None)
-                    if type(sender) is EpSend:
-                        s = <EpSend>sender
-                        if not s.closed:
-                            return self.eng._send_obj(s.handle, obj, self.base | <uint64_t>t,
-                                                      s.peers, s.fast)
-        return self.slow_send(obj, dest, tag)
-
-    def recv(self, object obj, object source, object tag, bint spin, bint post):
-        """Receive into buffer ``obj`` (``TagEngine.irecv`` with ``spin`` and ``post``):
-        the ``finish`` result (a Status) when the message was there and fitted,
-        ``(sender_tag, nbytes, capacity)`` when the receive finished at once otherwise,
-        else a future resolving to ``finish(result)``."""
-        if type(source) is int and type(tag) is int and not self.group.closed \
-                and not self.world.closed:
-            got = self.cache.get((self.kind, source, tag))
-            if got is not None:
-                m = <tuple>got
-                return self.eng._irecv(obj, m[0], m[1], m[2], self.finish, spin, post)
-        return self.slow_recv(obj, source, tag, spin, post)
-
-
-cdef class PairCollectives:
-    """A two-rank communicator's small collectives, each in one call into compiled code
-    (built by ``Endpoint.pair_collectives`` for :mod:`ucxcomm.comm.small`).
-
-    Every method takes C-contiguous numpy arrays of plain data up to ``small_max``
-    bytes per message and does what the Python two-rank paths do with the same
-    messages and tags (so the peer may run either): check the communicator is open,
-    take the call's sequence number, send this rank's message and wait for the peer's in
-    place (:meth:`TagEngine.exchange`), then copy or reduce. Reductions are those the
-    communicator layer's ``native`` hook maps to a kernel here (SUM of 32/64-bit floats
-    and integers, rank 0's operand on the left on both ranks).
-
-    A method returns ``None`` at once, having done nothing, for arguments it does not
-    serve (the general path takes them and raises its errors); ``done`` when the call
-    finished; otherwise ``(send future or None, receive result or future or None,
-    sequence number, scratch or None)`` for the caller to finish (a reduction's scratch,
-    a bytearray that will hold the peer's message, is then the caller's).
-    """
-
-    cdef TagEngine eng
-    cdef object ep            # the Endpoint (its _closed, _handle, _fast)
-    cdef object speers, rpeers
-    cdef bint first           # rank 0: this rank's operand goes on the left
-    cdef int rank
-    cdef int size             # the communicator's ranks (2 here)
-    cdef uint64_t stag0, rtag0
-    cdef object ndarray, in_place, done, next_seq, check_open, native, tuning, ring_key
-    cdef Py_ssize_t small_max
-    cdef object last_op, last_dt
-    cdef int last_kind
-    cdef Py_ssize_t last_size
-    cdef object plain_dt      # the last dtype found to hold plain data
-    cdef object scratch       # bytearray(small_max), None after a hand-off
-    cdef BufRef scratch_ref
-
-    def __init__(self, TagEngine eng, ep, speers, rpeers, int rank, uint64_t stag0,
-                 uint64_t rtag0, *, ndarray, in_place, done, next_seq, check_open, native,
-                 tuning, ring_key, Py_ssize_t small_max):
-        self.eng = eng
-        self.ep = ep
-        self.speers = speers
-        self.rpeers = rpeers
-        self.rank = rank
-        self.size = 2
-        self.first = rank == 0
-        self.stag0 = stag0
-        self.rtag0 = rtag0
-        self.ndarray = ndarray
-        self.in_place = in_place
-        self.done = done
-        self.next_seq = next_seq
-        self.check_open = check_open
-        self.native = native
-        self.tuning = tuning
-        self.ring_key = ring_key
-        self.small_max = small_max
-
-    # ------------------------------------------------------------ helpers
-    cdef int _kernel(self, object op, object dt) except -1:
-        """The reduction kernel for ``op`` on ``dt`` (0: not served); sets last_size."""
-        if op is not self.last_op or dt is not self.last_dt:
-            kind, size = self.native(op, dt)
-            self.last_kind = kind
-            self.last_size = size
-            self.last_op = op
-            self.last_dt = dt
-        return self.last_kind
-
-    cdef bint _plain(self, object dt) except -1:
-        if dt is self.plain_dt:
-            return True
-        if dt.hasobject:
-            return False
-        self.plain_dt = dt
-        return True
-
-    cdef BufRef _view(self, object arr, int flags):
-        """A held export of ``arr`` (C-contiguous), or None when it has none."""
-        cdef BufRef ref = BufRef.__new__(BufRef)
-        try:
-            PyObject_GetBuffer(arr, &ref.view, flags | PyBUF_C_CONTIGUOUS)
-        except (BufferError, TypeError, ValueError):
-            return None
-        ref.held = True
-        return ref
-
-    cdef uintptr_t _scratch(self) except 0:
-        if self.scratch is None:
-            self.scratch = bytearray(self.small_max)
-            self.scratch_ref = BufRef.__new__(BufRef)
-            PyObject_GetBuffer(self.scratch, &self.scratch_ref.view, PyBUF_WRITABLE)
-            self.scratch_ref.held = True
-        return <uintptr_t>self.scratch_ref.view.buf
-
-    cdef object _hand_off(self, tuple res, object seq, bint scratch):
-        """What a call that must wait returns (the scratch becomes the caller's)."""
-        if not scratch:
-            return (res[0], res[1], seq, None)
-        out = (res[0], res[1], seq, self.scratch)
-        self.scratch = None  # (the receive may still write it)
-        self.scratch_ref = None
-        return out
-
-    cdef Op _recv_op(self, uintptr_t ptr, size_t cap, object keep, uint64_t seq):
-        cdef Op rop = Op.__new__(Op)
-        rop.peers = self.rpeers
-        rop.tag = self.rtag0 | seq
-        rop.mask = FULL_MASK
-        rop.ptr = ptr
-        rop.cap = cap
-        rop.keep = keep
-        rop.has_ptr = True
-        return rop
-
-    cdef tuple _exchange(self, BufRef sref, uintptr_t sptr, size_t sn, Op rop,
-                         uint64_t seq):
-        ep = self.ep
-        return self.eng._exchange(<uintptr_t>ep._handle, sptr, sn, sref,
-                                  self.stag0 | seq, self.speers, bool(ep._fast), rop)
-
-    cdef bint _closed_ep(self) except -1:
-        return bool(self.ep._closed)
-
-    cdef tuple _rsb_views(self, send, recv, op):
-        """``(send view, recv view, block bytes)`` of a Reduce_scatter_block this class
-        serves, else None."""
-        cdef BufRef rref, sref
-        cdef Py_ssize_t nb
-        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
-            return None
-        dt = recv.dtype
-        if self._kernel(op, dt) == 0 or send.dtype is not dt or self._closed_ep():
-            return None
-        sref = self._view(send, PyBUF_SIMPLE)
-        if sref is None:
-            return None
-        nb = sref.view.len // self.size
-        if (sref.view.len % (self.size * self.last_size) or nb > self.small_max
-                or <uintptr_t>sref.view.buf % <uintptr_t>self.last_size):
-            return None
-        rref = self._view(recv, PyBUF_WRITABLE)
-        if (rref is None or rref.view.len < nb
-                or <uintptr_t>rref.view.buf % <uintptr_t>self.last_size):
-            return None
-        return sref, rref, nb
-
-    cdef tuple _copy_views(self, send, recv, bint split):
-        """``(send view, recv view, block bytes)`` of an Allgather (``split`` false:
-        ``send`` is one block) or Alltoall (``split``: ``send`` holds one block per rank)
-        this class serves, else None."""
-        cdef BufRef rref, sref
-        cdef Py_ssize_t nb
-        if type(recv) is not self.ndarray or type(send) is not self.ndarray:
-            return None
-        dt = recv.dtype
-        if send.dtype is not dt or not self._plain(dt) or self._closed_ep():
-            return None
-        sref = self._view(send, PyBUF_SIMPLE)
-        if sref is None:
-            return None
-        nb = sref.view.len // self.size if split else sref.view.len
-        if nb > self.small_max or (split and sref.view.len % (self.size * sref.view.itemsize)):
-            return None
-        rref = self._view(recv, PyBUF_WRITABLE)
-        if rref is None or rref.view.len != self.size * nb:
-            return None
-        return sref, rref, nb
-
-    cdef BufRef _bcast_view(self, buf, root):
-        """The view of a Bcast's buffer this class serves, else None."""
-        cdef BufRef ref
-        if (type(buf) is not self.ndarray or type(root) is not int
-                or not 0 <= root < self.size):
-            return None
-        if not self._plain(buf.dtype) or self._closed_ep():
-            return None
-        ref = self._view(buf, PyBUF_SIMPLE if root == self.rank else PyBUF_WRITABLE)
-        if ref is None or ref.view.len > self.small_max:
-            return None
-        return ref
-
-    # ------------------------------------------------------------ the collectives
-    cdef tuple _allreduce_args(self, send, recv, op):
-        """``(send view, recv view)`` of an Allreduce this class serves, else None."""
-        cdef BufRef rref, sref
-        cdef int i
-        if type(recv) is not self.ndarray:
-            return None
-        if send is self.in_place:
-            send = recv
-        elif type(send) is not self.ndarray:
-            return None
-        dt = recv.dtype
-        if self._kernel(op, dt) == 0 or (send is not recv and send.dtype is not dt):
-            return None
-        if self._closed_ep():
-            return None
-        rref = self._view(recv, PyBUF_WRITABLE)
-        if rref is None:
-            return None
-        cdef Py_ssize_t n = rref.view.len
-        if (n > self.small_max or n >= self.tuning[self.ring_key]
-                or <uintptr_t>rref.view.buf % <uintptr_t>self.last_size):
-            return None
-        sref = self._view(send, PyBUF_SIMPLE)
-        if (sref is None or sref.view.len != n or sref.view.ndim != rref.view.ndim
-                or <uintptr_t>sref.view.buf % <uintptr_t>self.last_size):
-            return None
-        for i in range(rref.view.ndim):
-            if sref.view.shape[i] != rref.view.shape[i]:
-                return None
-        return sref, rref
-
-    def allreduce(self, send, recv, op):
-        """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
-        cdef BufRef rref, sref
-        cdef Op rop
-        args = self._allreduce_args(send, recv, op)
-        if args is None:
-            return None
-        sref, rref = args
-        cdef Py_ssize_t n = rref.view.len
-        self.check_open()
-        seq = self.next_seq()
-        rop = self._recv_op(self._scratch(), <size_t>n, self.scratch_ref, seq)
-        res = self._exchange(sref, <uintptr_t>sref.view.buf, <size_t>n, rop, seq)
-        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
-            _sum_pair(self.last_kind, self.first, <const char *>sref.view.buf,
-                      <const char *>rop.ptr, <char *>rref.view.buf, n)
-            return self.done
-        return self._hand_off(res, seq, True)
-
-    def reduce_scatter_block(self, send, recv, op):
-        """``Reduce_scatter_block(send, recv, op)``: block ``q`` of ``send`` to rank
-        ``q``; this rank's block of both reduced into the start of ``recv``."""
-        cdef BufRef rref, sref
-        cdef Op rop
-        cdef Py_ssize_t nb
-        args = self._rsb_views(send, recv, op)
-        if args is None:
-            return None
-        sref, rref, nb = args
-        self.check_open()
-        seq = self.next_seq()
-        rop = self._recv_op(self._scratch(), <size_t>nb, self.scratch_ref, seq)
-        res = self._exchange(sref, <uintptr_t>sref.view.buf + (1 - self.rank) * nb,
-                             <size_t>nb, rop, seq)
-        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
-            _sum_pair(self.last_kind, self.first,
-                      <const char *>sref.view.buf + self.rank * nb,
-                      <const char *>rop.ptr, <char *>rref.view.buf, nb)
-            return self.done
-        return self._hand_off(res, seq, True)
-
-    def allgather(self, send, recv):
-        """``Allgather(send, recv)``: both blocks in rank order in ``recv``."""
-        cdef BufRef rref, sref
-        cdef Op rop
-        cdef Py_ssize_t nb
-        args = self._copy_views(send, recv, False)
-        if args is None:
-            return None
-        sref, rref, nb = args
-        self.check_open()
-        seq = self.next_seq()
-        memmove(<char *>rref.view.buf + self.rank * nb, sref.view.buf, nb)
-        rop = self._recv_op(<uintptr_t>rref.view.buf + (1 - self.rank) * nb, <size_t>nb,
-                            rref, seq)
-        res = self._exchange(sref, <uintptr_t>sref.view.buf, <size_t>nb, rop, seq)
-        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
-            return self.done
-        return self._hand_off(res, seq, False)
-
-    def alltoall(self, send, recv):
-        """``Alltoall(send, recv)``: block ``q`` of ``send`` to rank ``q``, its block
-        for this rank into block ``q`` of ``recv``."""
-        cdef BufRef rref, sref
-        cdef Op rop
-        cdef Py_ssize_t nb
-        args = self._copy_views(send, recv, True)
-        if args is None:
-            return None
-        sref, rref, nb = args
-        self.check_open()
-        seq = self.next_seq()
-        memmove(<char *>rref.view.buf + self.rank * nb,
-                <const char *>sref.view.buf + self.rank * nb, nb)
-        rop = self._recv_op(<uintptr_t>rref.view.buf + (1 - self.rank) * nb, <size_t>nb,
-                            rref, seq)
-        res = self._exchange(sref, <uintptr_t>sref.view.buf + (1 - self.rank) * nb,
-                             <size_t>nb, rop, seq)
-        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
-            return self.done
-        return self._hand_off(res, seq, False)
-
-    def bcast(self, buf, root):
-        """``Bcast(buf, root)``: the root sends, the other rank receives in place."""
-        cdef Op rop
-        cdef BufRef ref = self._bcast_view(buf, root)
-        if ref is None:
-            return None
-        cdef bint sender = root == self.rank
-        self.check_open()
-        seq = self.next_seq()
-        if sender:
-            ep = self.ep
-            sent = self.eng._send_to(<uintptr_t>ep._handle, <uintptr_t>ref.view.buf,
-                                     <size_t>ref.view.len, ref, self.stag0 | <uint64_t>seq,
-                                     self.speers, bool(ep._fast))
-            if sent is None:
-                return self.done
-            return (sent, None, seq, None)
-        self.eng._check(self.rpeers)
-        rop = self._recv_op(<uintptr_t>ref.view.buf, <size_t>ref.view.len, ref, seq)
-        got = self.eng._post_match(rop, True)
-        if type(got) is tuple and rop.length == rop.cap:
-            return self.done
-        return (None, got, seq, None)
-
-
-cdef class GroupCollectives(PairCollectives):
-    """The small collectives of a communicator of three or more ranks, each in one call
-    into compiled code (built by ``Endpoint.group_collectives`` for
-    :mod:`ucxcomm.comm.small`).
-
-    Each does what ``SmallCollectives`` does, with the same messages and tags (so ranks
-    may mix the two paths): send to every other rank (Bcast: the root only), receive
-    from every other rank (each receive waits in place, like the two-rank exchange),
-    then, for Allreduce and Reduce_scatter_block, fold the rows (one per rank, in a
-    reused scratch) from the left in rank order, here in C. Arguments are checked as
-    :class:`PairCollectives` does.
-
-    A method returns None (not served: nothing done), ``done``, or ``(send futures,
-    receive results or futures, sequence number, rows or None)`` for the caller to
-    finish: ``rows``, a bytearray (reductions only), then holds rank ``q``'s
-    contribution at ``q * nbytes`` once every receive is done (this rank's own is
-    already there).
-    """
-
-    cdef list eps             # the Endpoint of every other rank, in rank order
-    cdef list ranks           # their ranks
-    cdef list rtags           # their messages' tags, sequence number 0
-    cdef object rows          # bytearray(size * small_max), None after a hand-off
-    cdef BufRef rows_ref
-
-    def __init__(self, TagEngine eng, eps, rpeers, int rank, uint64_t stag0, rtag0s,
-                 **hooks):
-        PairCollectives.__init__(self, eng, eps[0], eps[0]._peers, rpeers, rank, stag0, 0,
-                                 **hooks)
-        self.eps = list(eps)
-        self.size = len(self.eps) + 1
-        self.ranks = [q for q in range(self.size) if q != rank]
-        self.rtags = list(rtag0s)
-        if len(self.rtags) != len(self.eps) or not 0 <= rank < self.size:
-            raise ValueError("one tag per endpoint, and a rank among size")
-
-    cdef uintptr_t _rows(self) except 0:
-        if self.rows is None:
-            self.rows = bytearray(self.size * self.small_max)
-            self.rows_ref = BufRef.__new__(BufRef)
-            PyObject_GetBuffer(self.rows, &self.rows_ref.view, PyBUF_WRITABLE)
-            self.rows_ref.held = True
-        return <uintptr_t>self.rows_ref.view.buf
-
-    cdef bint _closed_ep(self) except -1:
-        for ep in self.eps:
-            if ep._closed:
-                return True
-        return False
-
-    cdef tuple _post_all(self, BufRef sref, uintptr_t sbase, Py_ssize_t sstep,
-                         Py_ssize_t nb, uintptr_t rbase, object rkeep, object seq):
-        """Send ``nb`` bytes at ``sbase + q * sstep`` to every other rank ``q``, then
-        receive ``q``'s ``nb`` bytes into ``rbase + q * nb``, each waited for in place:
-        ``(send futures, receive results or futures, all received whole)``."""
-        cdef Op rop
-        cdef Py_ssize_t i, q
-        cdef bint whole = True
-        eng = self.eng
-        cdef uint64_t stag = self.stag0 | <uint64_t>seq
-        sends = []
-        for i in range(self.size - 1):
-            ep = self.eps[i]
-            q = self.ranks[i]
-            sent = eng._send_to(<uintptr_t>ep._handle, sbase + q * sstep, <size_t>nb, sref,
-                                stag, ep._peers, bool(ep._fast))
-            if sent is not None:
-                sends.append(sent)
-        eng._check(self.rpeers)
-        got = []
-        for i in range(self.size - 1):
-            rop = self._recv_op(rbase + <uintptr_t>self.ranks[i] * nb, <size_t>nb, rkeep, seq)
-            rop.tag = <uint64_t>self.rtags[i] | <uint64_t>seq
-            res = eng._post_match(rop, True)
-            got.append(res)
-            if type(res) is not tuple or rop.length != rop.cap:
-                whole = False
-        return sends, got, whole
-
-    cdef object _rows_out(self, tuple res, object seq, bint rows):
-        """What a call that must wait returns (the rows become the caller's)."""
-        out = (res[0], res[1], seq, self.rows if rows else None)
-        if rows:
-            self.rows = None  # (receives may still write it)
-            self.rows_ref = None
-        return out
-
-    def allreduce(self, send, recv, op):
-        """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
-        cdef BufRef rref, sref
-        cdef Py_ssize_t n
-        cdef uintptr_t base
-        args = self._allreduce_args(send, recv, op)
-        if args is None:
-            return None
-        sref, rref = args
-        n = rref.view.len
-        self.check_open()
-        seq = self.next_seq()
-        base = self._rows()
-        memmove(<char *>base + self.rank * n, sref.view.buf, n)
-        res = self._post_all(sref, <uintptr_t>sref.view.buf, 0, n, base, self.rows_ref, seq)
-        if res[2] and not res[0]:
-            _sum_rows(self.last_kind, <const char *>base, self.size, n,
-                      <char *>rref.view.buf)
-            return self.done
-        return self._rows_out(res, seq, True)
-
-    def reduce_scatter_block(self, send, recv, op):
-        """``Reduce_scatter_block(send, recv, op)``: block ``q`` of ``send`` to rank
-        ``q``; this rank's block of every rank's folded into the start of ``recv``."""
-        cdef BufRef rref, sref
-        cdef uintptr_t base
-        cdef Py_ssize_t nb
-        args = self._rsb_views(send, recv, op)
-        if args is None:
-            return None
-        sref, rref, nb = args
-        self.check_open()
-        seq = self.next_seq()
-        base = self._rows()
-        memmove(<char *>base + self.rank * nb,
-                <const char *>sref.view.buf + self.rank * nb, nb)
-        res = self._post_all(sref, <uintptr_t>sref.view.buf, nb, nb, base, self.rows_ref,
-                             seq)
-        if res[2] and not res[0]:
-            _sum_rows(self.last_kind, <const char *>base, self.size, nb,
-                      <char *>rref.view.buf)
-            return self.done
-        return self._rows_out(res, seq, True)
-
-    def allgather(self, send, recv):
-        """``Allgather(send, recv)``: every rank's block in rank order in ``recv``."""
-        cdef BufRef rref, sref
-        cdef Py_ssize_t nb
-        args = self._copy_views(send, recv, False)
-        if args is None:
-            return None
-        sref, rref, nb = args
-        self.check_open()
-        seq = self.next_seq()
-        memmove(<char *>rref.view.buf + self.rank * nb, sref.view.buf, nb)
-        res = self._post_all(sref, <uintptr_t>sref.view.buf, 0, nb,
-                             <uintptr_t>rref.view.buf, rref, seq)
-        if res[2] and not res[0]:
-            return self.done
-        return self._rows_out(res, seq, False)
-
-    def alltoall(self, send, recv):
-        """``Alltoall(send, recv)``: block ``q`` of ``send`` to rank ``q``, its block for
-        this rank into block ``q`` of ``recv``."""
-        cdef BufRef rref, sref
-        cdef Py_ssize_t nb
-        args = self._copy_views(send, recv, True)
-        if args is None:
-            return None
-        sref, rref, nb = args
-        self.check_open()
-        seq = self.next_seq()
-        memmove(<char *>rref.view.buf + self.rank * nb,
-                <const char *>sref.view.buf + self.rank * nb, nb)
-        res = self._post_all(sref, <uintptr_t>sref.view.buf, nb, nb,
-                             <uintptr_t>rref.view.buf, rref, seq)
-        if res[2] and not res[0]:
-            return self.done
-        return self._rows_out(res, seq, False)
-
-    def bcast(self, buf, root):
-        """``Bcast(buf, root)``: the root sends to every rank, the others receive in
-        place."""
-        cdef Op rop
-        cdef Py_ssize_t i
-        cdef BufRef ref = self._bcast_view(buf, root)
-        if ref is None:
-            return None
-        cdef bint sender = root == self.rank
-        self.check_open()
-        seq = self.next_seq()
-        eng = self.eng
-        if sender:
-            sends = []
-            for ep in self.eps:
-                sent = eng._send_to(<uintptr_t>ep._handle, <uintptr_t>ref.view.buf,
-                                    <size_t>ref.view.len, ref, self.stag0 | <uint64_t>seq,
-                                    ep._peers, bool(ep._fast))
-                if sent is not None:
-                    sends.append(sent)
-            return self.done if not sends else (sends, [], seq, None)
-        eng._check(self.rpeers)
-        i = self.ranks.index(root)
-        rop = self._recv_op(<uintptr_t>ref.view.buf, <size_t>ref.view.len, ref, seq)
-        rop.tag = <uint64_t>self.rtags[i] | <uint64_t>seq
-        got = eng._post_match(rop, True)
-        if type(got) is tuple and rop.length == rop.cap:
-            return self.done
-        return ([], [got], seq, None)
+        return self.eng.c_send(self.handle, obj, tag, self.peers, self.fast)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, TypeAlias
 
 __all__ = ["FULL_MASK", "Link", "Peers", "RecvResult", "Region", "Remote", "Target",
@@ -56,6 +56,11 @@ class Link(ABC):
     #: may bind a compiled callable per link, as ``Endpoint`` does.)
     isend: Callable[[Any, int], asyncio.Future | None]
 
+    #: The engine's state of this endpoint for compiled callers (``_ucp.EpSend``, declared
+    #: in ``ucxcomm/transport/_ucp.pxd``: ``handle``, ``peers``, ``fast``, ``closed``;
+    #: its ``send`` is :attr:`isend`), kept current by the link.
+    sender: Any
+
     @abstractmethod
     def isend_raw(self, target: Target, tag: int) -> asyncio.Future | None:
         """Like :meth:`isend` for a target made by :meth:`Transport.send_ptr`."""
@@ -67,37 +72,6 @@ class Link(ABC):
         ``rtag`` into ``recv`` in one call, waiting for it in place (two-rank
         collectives): ``None`` when both finished, else ``(send future or None,
         receive result or future)`` (see ``Worker.exchange``)."""
-
-    @abstractmethod
-    def pair_collectives(self, stag0: int, rtag0: int, rank: int, rpeers: Any,
-                         **hooks: Any) -> Any:
-        """A two-rank communicator's small collectives, one call into compiled code
-        each: methods ``allreduce(send, recv, op)``, ``reduce_scatter_block(send, recv,
-        op)``, ``allgather(send, recv)``, ``alltoall(send, recv)`` and ``bcast(buf,
-        root)``, each the exchange of :meth:`exchange` with tags ``stag0 | seq`` /
-        ``rtag0 | seq`` and then the copy or reduction (``rank``: this rank, 0 or 1;
-        rank 0's operand goes on the left). ``hooks`` (keywords) come from the
-        communicator layer: ``ndarray`` (the array type taken), ``in_place`` (the
-        IN_PLACE marker), ``done`` (returned by a finished call), ``next_seq`` and
-        ``check_open`` (the communicator's), ``native(op, dtype) -> (kernel, itemsize)``
-        (kernel 0: not served), ``tuning`` and ``ring_key`` (an Allreduce is below
-        ``tuning[ring_key]`` bytes), ``small_max`` (bytes per message). A call returns
-        None for what it does not serve (nothing done), ``done``, or ``(send future or
-        None, receive result or future or None, sequence number, scratch or None)`` for
-        the caller to finish."""
-
-    @abstractmethod
-    def group_collectives(self, links: Sequence[Link], stag0: int, rtag0s: Sequence[int],
-                          rank: int, rpeers: Any, **hooks: Any) -> Any:
-        """The small collectives of a communicator of three or more ranks, one call into
-        compiled code each, with the methods of :meth:`pair_collectives`: each sends to
-        ``links`` (every other rank's link, in rank order, this one among them) with tag
-        ``stag0 | seq`` and receives from ``links[i]`` the message tagged ``rtag0s[i] |
-        seq``; reductions fold the contributions from the left in rank order. ``rank``
-        is this rank, ``hooks`` as for :meth:`pair_collectives`. A call returns None (not
-        served), ``done``, or ``(send futures, receive results or futures, sequence
-        number, rows or None)`` for the caller to finish (a reduction's ``rows`` holds
-        rank ``q``'s contribution at ``q * nbytes``)."""
 
     @abstractmethod
     def transports(self) -> list[tuple[str, str]]:
@@ -204,6 +178,13 @@ class Transport(ABC):
     @abstractmethod
     def closed(self) -> bool: ...
 
+    @property
+    @abstractmethod
+    def engine(self) -> Any:
+        """The compiled tag engine (``_ucp.TagEngine``): the communicator's compiled
+        paths (``ucxcomm/comm/_fast.pyx``) use it at C level through its declarations
+        (``ucxcomm/transport/_ucp.pxd``)."""
+
     # ----------------------------------------------------------- endpoints
     @abstractmethod
     def connect(self, address: bytes, peer: Any = None, *, other_host: bool = False) -> Link:
@@ -272,29 +253,6 @@ class Transport(ABC):
     @abstractmethod
     async def complete(self, fut: asyncio.Future) -> Any:
         """Await ``fut``, progressing UCX meanwhile (the fast way to wait)."""
-
-    def p2p_path(self, group: Any, world: Any, links: list[Any], cache: dict[Any, Any],
-                 kind: int, base: int, size: int, tag_ub: int,
-                 finish: Callable[[RecvResult], Any], slow_send: Callable[..., Any],
-                 slow_recv: Callable[..., Any]) -> Any:
-        """Optional: a communicator's buffer point-to-point, one call into compiled code
-        each, or None (the default: the communicator's Python paths serve). Methods
-        ``send(buf, dest, tag)`` (what :attr:`Link.isend` returns) and ``recv(buf,
-        source, tag, spin, post)`` (what :meth:`irecv` returns, ``finish`` applied).
-        They serve an open communicator (``group.closed`` and ``world.closed`` false)
-        whose arguments are ``int`` and in range (``0 <= dest < size``, ``0 <= tag <=
-        tag_ub``), sending through ``links[dest]`` when it is connected (``None``: not
-        yet) with UCX tag ``base | tag``, receiving with the match cached under
-        ``cache[(kind, source, tag)]`` (``(ucx_tag, mask, peers)``); anything else is
-        ``slow_send(buf, dest, tag)`` or ``slow_recv(buf, source, tag, spin, post)``."""
-        return None
-
-    def fast_status(self, fn: Callable[[Any], Any], cls: type, src_mask: int,
-                    src_shift: int, tag_mask: int) -> None:
-        """Optional: compute ``finish=fn`` results natively (``cls`` with ``source``,
-        ``tag``, ``nbytes`` split out of the sender's tag) when the message fitted.
-        The default does nothing (``fn`` is then always called)."""
-        return None
 
     @abstractmethod
     def wake(self) -> None:

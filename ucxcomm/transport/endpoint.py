@@ -1,7 +1,7 @@
 """``Endpoint``: a UCX endpoint from our worker to one peer worker.
 
 An endpoint carries raw 64-bit tags: the communicator layer's :class:`~.base.Link`
-(``isend``, ``exchange``, the compiled small collectives) and ``send``/``recv`` on an
+(``isend``, ``exchange``, and ``sender`` for compiled callers) and ``send``/``recv`` on an
 endpoint from a worker address. The rank-less connections of :mod:`ucxcomm.pipes`
 (tags scoped per connection, objects, streams, signals) derive from it.
 """
@@ -9,7 +9,7 @@ endpoint from a worker address. The rank-less connections of :mod:`ucxcomm.pipes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import ClosedError, PeerFailure, TruncationError, UcxCommError, copy_of
@@ -37,10 +37,6 @@ class _Owner(Protocol):
     def send_ptr(self, obj: Any) -> Target: ...
     def exchange(self, ep_handle: int, send: Target, stag: int, speers: Peers, fast: bool,
                  recv: Target, rtag: int, rpeers: Peers) -> Any: ...
-    def pair_collectives(self, ep: Any, speers: Peers, rpeers: Peers, rank: int,
-                         stag0: int, rtag0: int, **hooks: Any) -> Any: ...
-    def group_collectives(self, eps: list[Any], rpeers: Peers, rank: int, stag0: int,
-                          rtag0s: Sequence[int], **hooks: Any) -> Any: ...
     def recv_ptr(self, obj: Any) -> Target: ...
     def recv_into(self, target: Target, tag: int, mask: int, peers: Peers,
                   finish: Callable[[RecvResult], Any] | None = None,
@@ -70,8 +66,8 @@ class Endpoint(Link):
     operations when that peer is declared dead.
     """
 
-    __slots__ = ("_closed", "_ep", "_fast", "_handle", "_peers", "_reason", "_sender",
-                 "_worker", "isend", "peer")
+    __slots__ = ("_closed", "_ep", "_fast", "_handle", "_peers", "_reason", "_worker",
+                 "isend", "peer", "sender")
 
     def __init__(self, worker: _Owner, ucx_ep: Any, peer: Any = None) -> None:
         self._worker = worker
@@ -85,10 +81,10 @@ class Endpoint(Link):
         # ClosedError.
         self._reason: PeerFailure | None = None
         self._fast = self._fast_lanes()
-        # isend (Link.isend) is one compiled call: the engine's sender for this endpoint,
-        # whose handle, lanes and closed flag this object keeps current.
-        self._sender = worker.ep_send(self._handle, self._peers, self._fast)
-        self.isend = self._sender.send
+        # isend (Link.isend) is one compiled call: the engine's sender for this endpoint
+        # (Link.sender), whose closed flag this object keeps current.
+        self.sender = worker.ep_send(self._handle, self._peers, self._fast)
+        self.isend = self.sender.send
 
     def _fast_lanes(self) -> bool:
         """Fast-completion sends when every lane is shared memory or self (see worker)."""
@@ -129,23 +125,6 @@ class Endpoint(Link):
             raise ClosedError("the endpoint is closed")
         return self._worker.exchange(self._handle, send, stag, self._peers, self._fast,
                                      recv, rtag, rpeers)
-
-    def pair_collectives(self, stag0: int, rtag0: int, rank: int, rpeers: Any,
-                         **hooks: Any) -> Any:
-        """See :meth:`Link.pair_collectives`."""
-        self._check_open()
-        return self._worker.pair_collectives(self, self._peers, rpeers, rank, stag0, rtag0,
-                                             **hooks)
-
-    def group_collectives(self, links: Sequence[Link], stag0: int, rtag0s: Sequence[int],
-                          rank: int, rpeers: Any, **hooks: Any) -> Any:
-        """See :meth:`Link.group_collectives` (every link an endpoint of this worker)."""
-        self._check_open()
-        eps = list(links)
-        for ep in eps:
-            if not isinstance(ep, Endpoint) or ep._worker is not self._worker:
-                raise ValueError("group_collectives needs endpoints of one worker")
-        return self._worker.group_collectives(eps, rpeers, rank, stag0, rtag0s, **hooks)
 
     def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:
         """The peer's registered memory (``rkey``, ``address`` and ``nbytes`` from its
@@ -238,7 +217,7 @@ class Endpoint(Link):
         if self._closed:
             return
         self._closed = True
-        self._sender.closed = True
+        self.sender.closed = True
         self._releasing(streams)
         dead = self.peer is not None and self._worker.is_dead(self.peer)
         if self.peer is not None and not self._worker.closed:

@@ -24,7 +24,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Generic, TypeVar, overload
 
 from .. import settings
@@ -386,24 +386,16 @@ class Worker(Transport):
     pending: _Engine[Callable[[], bool]] = _Engine()
     poll: _Engine[Callable[[], int]] = _Engine()
 
+    @property
+    def engine(self) -> Any:
+        """The compiled tag engine (``_ucp.TagEngine``), for compiled callers that use it
+        through its declarations (``ucxcomm/transport/_ucp.pxd``)."""
+        return self._eng
+
     def ep_send(self, ep_handle: int, peers: Peers, fast: bool) -> Any:
         """The compiled ``isend`` of one endpoint (``_ucp.EpSend``: its ``send(obj,
         tag)`` is :meth:`send` with the endpoint's fields, kept current by it)."""
         return self._eng.ep_send(ep_handle, peers, fast)
-
-    def pair_collectives(self, ep: Any, speers: Peers, rpeers: Peers, rank: int,
-                         stag0: int, rtag0: int, **hooks: Any) -> Any:
-        """A two-rank communicator's small collectives, one compiled call each, over
-        endpoint ``ep`` (``_ucp.PairCollectives``; ``hooks`` name what they need from
-        the communicator layer: see :meth:`Link.pair_collectives`)."""
-        return self._eng.pair_collectives(ep, speers, rpeers, rank, stag0, rtag0, **hooks)
-
-    def group_collectives(self, eps: list[Any], rpeers: Peers, rank: int, stag0: int,
-                          rtag0s: Sequence[int], **hooks: Any) -> Any:
-        """A communicator's small Allreduce in one compiled call, over endpoints ``eps``
-        (every other rank's, in rank order; ``_ucp.GroupCollectives``, see
-        :meth:`Link.group_collectives`)."""
-        return self._eng.group_collectives(eps, rpeers, rank, stag0, rtag0s, **hooks)
 
     async def settle(self, fut: asyncio.Future) -> None:
         """Return once the UCP request behind ``fut`` has finished (ok, failed or not)."""
@@ -457,23 +449,6 @@ class Worker(Transport):
         operations' frames and what they referenced (buffers) for as long as it is
         kept."""
         self._eng._dead.pop(peer, None)
-
-    def p2p_path(self, group: Any, world: Any, links: list[Any], cache: dict[Any, Any],
-                 kind: int, base: int, size: int, tag_ub: int,
-                 finish: Callable[[RecvResult], Any], slow_send: Callable[..., Any],
-                 slow_recv: Callable[..., Any]) -> Any:
-        """The compiled engine's ``P2P`` for a communicator (see ``Transport.p2p_path``;
-        its send goes through the endpoints' own compiled senders)."""
-        return self._eng.p2p(group, world, links, cache, kind, base, size, tag_ub, finish,
-                             slow_send, slow_recv)
-
-    def fast_status(self, fn: Callable[[Any], Any], cls: type, src_mask: int,
-                    src_shift: int, tag_mask: int) -> None:
-        """Let the compiled engine compute ``fn``'s result itself (``cls`` with
-        ``source``, ``tag`` and ``nbytes`` from the sender's tag) for receives whose
-        message fitted and whose ``finish`` is ``fn`` (process-wide; see
-        ``_ucp.fast_status``)."""
-        _ucx.ucp.fast_status(fn, cls, src_mask, src_shift, tag_mask)
 
     # ------------------------------------------------------------- progress
     def wake(self) -> None:

@@ -1,0 +1,707 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""The communicator's compiled fast paths, over the transport's engine.
+
+What runs per call of a communicator's buffer point-to-point and small collectives,
+written against the engine's declarations (``ucxcomm/transport/_ucp.pxd``: ``TagEngine``
+and its ``c_*`` methods, ``Op``, ``BufRef``, ``EpSend``, ``Finish``), the way ucxx's
+``arr.pxd`` serves its users: no callables or globals handed to the transport, no
+private attribute of another module read.
+
+* :class:`StatusFinish` (:data:`RECV_STATUS`): a buffer receive's :class:`Status`, built
+  at C level by the engine when the message fitted;
+* :class:`P2P`: ``Comm.Send``/``Isend``/``Recv``/``Irecv`` in one compiled call each;
+* :class:`PairCollectives` and :class:`GroupCollectives`: the small collectives of a
+  communicator of two, and of three to ``SMALL_MAX_RANKS`` ranks, in one call each.
+
+Imported by :class:`~ucxcomm.Comm` when the first communicator is made (the world
+exists, so the engine is loaded): ``import ucxcomm`` loads nothing compiled. The layout
+of tags and the Python paths these mirror are :mod:`ucxcomm.tags` and
+:mod:`ucxcomm.comm.small`'s.
+"""
+
+import weakref
+
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_SIMPLE, PyBUF_WRITABLE, PyObject_GetBuffer
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.object cimport PyObject, PyTypeObject
+from libc.stdint cimport uint32_t, uint64_t, uintptr_t
+from libc.string cimport memmove
+
+from ucxcomm.transport._ucp cimport BufRef, EpSend, Finish, Op, TagEngine
+
+import numpy as np
+
+from .. import tags
+from . import algorithms, collectives, communicator, ops, request, small
+
+# What the paths use from the communicator layer, bound once (C globals: no lookups).
+cdef object ndarray = np.ndarray
+cdef object IN_PLACE = collectives.IN_PLACE
+cdef object DONE = small.DONE
+cdef object TUNING = algorithms.TUNING
+cdef object RING_KEY = "allreduce_ring_min"
+cdef object SUM = ops.SUM
+cdef object Status = request.Status
+cdef object recv_status = communicator.recv_status
+cdef object make_tag = tags.make_tag
+cdef object KIND_P2P = tags.KIND_P2P
+cdef object KIND_COLL = tags.KIND_COLL
+cdef Py_ssize_t SMALL_MAX = small.SMALL_MAX
+cdef uint64_t FULL_MASK = 0xFFFFFFFFFFFFFFFF
+cdef uint64_t SRC_MASK = tags._SRC_MASK
+cdef uint64_t TAG_MASK = tags._TAG_MASK
+cdef int SRC_SHIFT = tags._SRC_SHIFT
+cdef long long C_TAG_UB = tags.TAG_UB
+cdef tuple _NO_ARGS = ()
+
+
+# ====================================================================== receive status
+cdef class StatusFinish(Finish):
+    """The ``finish`` of a buffer receive: ``recv_status``, whose result for a message
+    that fitted (the common case) the engine gets from :meth:`fitted` without a Python
+    call."""
+
+    cdef object fitted(self, uint64_t stag, size_t nbytes, size_t cap):
+        # (Status's own tp_new: no lookup of __new__, no bound call)
+        s = (<PyTypeObject *>Status).tp_new(Status, <PyObject *>_NO_ARGS, NULL)
+        s.source = <long long>((stag & SRC_MASK) >> SRC_SHIFT)
+        s.tag = <long long>(stag & TAG_MASK)
+        s.nbytes = nbytes
+        return s
+
+    def __call__(self, result):
+        return recv_status(result)
+
+
+#: The finish of every buffer receive of a communicator.
+RECV_STATUS = StatusFinish()
+
+
+# ====================================================================== reductions
+# The reductions done here: (dtype kind, itemsize) -> kernel (SUM; native byte order).
+cdef dict _NATIVE_SUM = {("f", 4): 1, ("f", 8): 2, ("i", 4): 3, ("u", 4): 3, ("i", 8): 4, ("u", 8): 4}
+
+
+def native_kernel(op, dtype):
+    """``(kernel, itemsize)`` of the compiled reduction of ``op`` on ``dtype``; kernel 0:
+    not served here (the Python paths take the call)."""
+    if op is not SUM or not dtype.isnative:
+        return 0, 1
+    return _NATIVE_SUM.get((dtype.kind, dtype.itemsize), 0), dtype.itemsize
+
+
+cdef void _sum_pair(int kind, bint first, const char *mine, const char *theirs, char *out,
+                    Py_ssize_t nbytes) noexcept nogil:
+    """``out = a + b`` element-wise, ``a`` rank 0's operand and ``b`` rank 1's (the same
+    order on both ranks: bit-identical results). Integers wrap like numpy's."""
+    cdef const char *a = mine if first else theirs
+    cdef const char *b = theirs if first else mine
+    cdef Py_ssize_t i
+    if kind == 1:
+        for i in range(nbytes // 4):
+            (<float *>out)[i] = (<const float *>a)[i] + (<const float *>b)[i]
+    elif kind == 2:
+        for i in range(nbytes // 8):
+            (<double *>out)[i] = (<const double *>a)[i] + (<const double *>b)[i]
+    elif kind == 3:
+        for i in range(nbytes // 4):
+            (<uint32_t *>out)[i] = (<const uint32_t *>a)[i] + (<const uint32_t *>b)[i]
+    elif kind == 4:
+        for i in range(nbytes // 8):
+            (<uint64_t *>out)[i] = (<const uint64_t *>a)[i] + (<const uint64_t *>b)[i]
+
+
+cdef void _sum_rows(int kind, const char *rows, int size, Py_ssize_t nbytes,
+                    char *out) noexcept nogil:
+    """``out = ((row 0 + row 1) + row 2) + ...``: the rows (``nbytes`` each, one per rank,
+    back to back) folded from the left, the order of ``SmallCollectives.allreduce``."""
+    cdef int k
+    _sum_pair(kind, True, rows, rows + nbytes, out, nbytes)
+    for k in range(2, size):
+        _sum_pair(kind, True, out, rows + k * nbytes, out, nbytes)
+
+
+# ====================================================================== point-to-point
+cdef class P2P:
+    """A communicator's buffer point-to-point in one call into compiled code each:
+    :meth:`send` for ``Send``/``Isend`` and :meth:`recv` for ``Recv``/``Irecv``, from
+    the arguments as the user gave them.
+
+    The common case (open communicator, ``int`` rank and tag in range, a connected
+    endpoint; for receives a ``(source, tag)`` whose match the communicator has checked
+    and cached before) goes straight to the engine; anything else goes to the
+    communicator's Python path (``Comm._post_send``, ``Comm._recv_slow``), which checks,
+    raises or connects, with the same results. The communicator is held weakly (it
+    holds this object; a cycle would keep a dropped one and its scratch memory until
+    the garbage collector runs)."""
+
+    cdef TagEngine eng
+    cdef object group
+    cdef object world
+    cdef list eps
+    cdef dict cache
+    cdef object kind
+    cdef uint64_t base
+    cdef Py_ssize_t size
+    cdef object owner
+
+    def __init__(self, comm):
+        g = comm.group
+        self.eng = g.transport.engine
+        self.group = g
+        self.world = g.world
+        self.eps = g.eps
+        self.cache = g.match_cache
+        self.kind = KIND_P2P
+        self.base = g.p2p_base
+        self.size = g.size
+        self.owner = weakref.ref(comm)
+
+    def send(self, object obj, object dest, object tag):
+        """Post the send of buffer ``obj`` to rank ``dest`` with ``tag``: None when it
+        completed at once, else its future."""
+        cdef int dover = 0, tover = 0
+        cdef long long d, t
+        cdef EpSend s
+        if type(dest) is int and type(tag) is int and not self.group.closed \
+                and not self.world.closed:
+            d = PyLong_AsLongLongAndOverflow(dest, &dover)
+            t = PyLong_AsLongLongAndOverflow(tag, &tover)
+            if not (dover or tover) and 0 <= d < self.size and 0 <= t <= C_TAG_UB:
+                ep = self.eps[d]
+                if ep is not None:
+                    sender = ep.sender
+                    if type(sender) is EpSend:
+                        s = <EpSend>sender
+                        if not s.closed:
+                            return self.eng.c_send(s.handle, obj, self.base | <uint64_t>t,
+                                                   s.peers, s.fast)
+        return self.owner()._post_send(obj, dest, tag)
+
+    def recv(self, object obj, object source, object tag, bint spin, bint post):
+        """Receive into buffer ``obj`` (``TagEngine.irecv`` with ``spin`` and ``post``):
+        a :class:`Status` when the message was there and fitted, ``(sender_tag, nbytes,
+        capacity)`` when the receive finished at once otherwise, else a future resolving
+        to the Status (``recv_status``)."""
+        if type(source) is int and type(tag) is int and not self.group.closed \
+                and not self.world.closed:
+            got = self.cache.get((self.kind, source, tag))
+            if got is not None:
+                m = <tuple>got
+                return self.eng.c_irecv(obj, m[0], m[1], m[2], RECV_STATUS, spin, post)
+        return self.owner()._recv_slow(obj, source, tag, spin, post)
+
+
+# ====================================================================== small collectives
+cdef class PairCollectives:
+    """A two-rank communicator's small collectives, each in one call into compiled code
+    (made by :class:`~ucxcomm.comm.collectives.Collectives` on the first call).
+
+    Every method takes C-contiguous numpy arrays of plain data up to ``SMALL_MAX``
+    bytes per message and does what the Python two-rank paths of
+    :mod:`ucxcomm.comm.small` do with the same messages and tags (so the peer may run
+    either): check the communicator is open, take the call's sequence number, send this
+    rank's message and wait for the peer's in place (``TagEngine.c_exchange``), then
+    copy or reduce. Reductions are those :func:`native_kernel` maps to a kernel here
+    (SUM of 32/64-bit floats and integers, rank 0's operand on the left on both ranks).
+
+    A method returns ``None`` at once, having done nothing, for arguments it does not
+    serve (the general path takes them and raises its errors); ``DONE`` when the call
+    finished; otherwise ``(send future or None, receive result or future or None,
+    sequence number, scratch or None)`` for the caller to finish (a reduction's scratch,
+    a bytearray that will hold the peer's message, is then the caller's).
+    """
+
+    cdef TagEngine eng
+    cdef EpSend link          # the peer's endpoint (two ranks)
+    cdef object rpeers
+    cdef bint first           # rank 0: this rank's operand goes on the left
+    cdef int rank
+    cdef int size             # the communicator's ranks
+    cdef uint64_t stag0, rtag0
+    cdef object next_seq, check_open
+    cdef Py_ssize_t small_max
+    cdef object last_op, last_dt
+    cdef int last_kind
+    cdef Py_ssize_t last_size
+    cdef object plain_dt      # the last dtype found to hold plain data
+    cdef object scratch       # bytearray(small_max), None after a hand-off
+    cdef BufRef scratch_ref
+
+    def __init__(self, group):
+        self._setup(group)
+        if self.size != 2:
+            raise ValueError("PairCollectives serves two-rank communicators")
+        self.link = group.endpoint(1 - self.rank).sender
+        self.rtag0 = make_tag(group.cid, KIND_COLL, 1 - self.rank, 0)
+
+    cdef _setup(self, group):
+        self.eng = group.transport.engine
+        self.rpeers = group.peers_all
+        self.rank = group.rank
+        self.size = group.size
+        self.first = self.rank == 0
+        self.stag0 = make_tag(group.cid, KIND_COLL, self.rank, 0)
+        self.next_seq = group.next_seq
+        self.check_open = group.check_open
+        self.small_max = SMALL_MAX
+
+    # ------------------------------------------------------------ helpers
+    cdef int _kernel(self, object op, object dt) except -1:
+        """The reduction kernel for ``op`` on ``dt`` (0: not served); sets last_size."""
+        if op is not self.last_op or dt is not self.last_dt:
+            kind, size = native_kernel(op, dt)
+            self.last_kind = kind
+            self.last_size = size
+            self.last_op = op
+            self.last_dt = dt
+        return self.last_kind
+
+    cdef bint _plain(self, object dt) except -1:
+        if dt is self.plain_dt:
+            return True
+        if dt.hasobject:
+            return False
+        self.plain_dt = dt
+        return True
+
+    cdef BufRef _view(self, object arr, int flags):
+        """A held export of ``arr`` (C-contiguous), or None when it has none."""
+        cdef BufRef ref = BufRef.__new__(BufRef)
+        try:
+            PyObject_GetBuffer(arr, &ref.view, flags | PyBUF_C_CONTIGUOUS)
+        except (BufferError, TypeError, ValueError):
+            return None
+        ref.held = True
+        return ref
+
+    cdef uintptr_t _scratch(self) except 0:
+        if self.scratch is None:
+            self.scratch = bytearray(self.small_max)
+            self.scratch_ref = BufRef.__new__(BufRef)
+            PyObject_GetBuffer(self.scratch, &self.scratch_ref.view, PyBUF_WRITABLE)
+            self.scratch_ref.held = True
+        return <uintptr_t>self.scratch_ref.view.buf
+
+    cdef object _hand_off(self, tuple res, object seq, bint scratch):
+        """What a call that must wait returns (the scratch becomes the caller's)."""
+        if not scratch:
+            return (res[0], res[1], seq, None)
+        out = (res[0], res[1], seq, self.scratch)
+        self.scratch = None  # (the receive may still write it)
+        self.scratch_ref = None
+        return out
+
+    cdef Op _recv_op(self, uintptr_t ptr, size_t cap, object keep, uint64_t seq):
+        cdef Op rop = Op.__new__(Op)
+        rop.peers = self.rpeers
+        rop.tag = self.rtag0 | seq
+        rop.mask = FULL_MASK
+        rop.ptr = ptr
+        rop.cap = cap
+        rop.keep = keep
+        rop.has_ptr = True
+        return rop
+
+    cdef tuple _exchange(self, BufRef sref, uintptr_t sptr, size_t sn, Op rop,
+                         uint64_t seq):
+        cdef EpSend ep = self.link
+        return self.eng.c_exchange(ep.handle, sptr, sn, sref, self.stag0 | seq, ep.peers,
+                                   ep.fast, rop)
+
+    cdef bint _closed_ep(self) except -1:
+        return self.link.closed
+
+    cdef tuple _rsb_views(self, send, recv, op):
+        """``(send view, recv view, block bytes)`` of a Reduce_scatter_block this class
+        serves, else None."""
+        cdef BufRef rref, sref
+        cdef Py_ssize_t nb
+        if type(recv) is not ndarray or type(send) is not ndarray:
+            return None
+        dt = recv.dtype
+        if self._kernel(op, dt) == 0 or send.dtype is not dt or self._closed_ep():
+            return None
+        sref = self._view(send, PyBUF_SIMPLE)
+        if sref is None:
+            return None
+        nb = sref.view.len // self.size
+        if (sref.view.len % (self.size * self.last_size) or nb > self.small_max
+                or <uintptr_t>sref.view.buf % <uintptr_t>self.last_size):
+            return None
+        rref = self._view(recv, PyBUF_WRITABLE)
+        if (rref is None or rref.view.len < nb
+                or <uintptr_t>rref.view.buf % <uintptr_t>self.last_size):
+            return None
+        return sref, rref, nb
+
+    cdef tuple _copy_views(self, send, recv, bint split):
+        """``(send view, recv view, block bytes)`` of an Allgather (``split`` false:
+        ``send`` is one block) or Alltoall (``split``: ``send`` holds one block per rank)
+        this class serves, else None."""
+        cdef BufRef rref, sref
+        cdef Py_ssize_t nb
+        if type(recv) is not ndarray or type(send) is not ndarray:
+            return None
+        dt = recv.dtype
+        if send.dtype is not dt or not self._plain(dt) or self._closed_ep():
+            return None
+        sref = self._view(send, PyBUF_SIMPLE)
+        if sref is None:
+            return None
+        nb = sref.view.len // self.size if split else sref.view.len
+        if nb > self.small_max or (split and sref.view.len % (self.size * sref.view.itemsize)):
+            return None
+        rref = self._view(recv, PyBUF_WRITABLE)
+        if rref is None or rref.view.len != self.size * nb:
+            return None
+        return sref, rref, nb
+
+    cdef BufRef _bcast_view(self, buf, root):
+        """The view of a Bcast's buffer this class serves, else None."""
+        cdef BufRef ref
+        if (type(buf) is not ndarray or type(root) is not int
+                or not 0 <= root < self.size):
+            return None
+        if not self._plain(buf.dtype) or self._closed_ep():
+            return None
+        ref = self._view(buf, PyBUF_SIMPLE if root == self.rank else PyBUF_WRITABLE)
+        if ref is None or ref.view.len > self.small_max:
+            return None
+        return ref
+
+    # ------------------------------------------------------------ the collectives
+    cdef tuple _allreduce_args(self, send, recv, op):
+        """``(send view, recv view)`` of an Allreduce this class serves, else None."""
+        cdef BufRef rref, sref
+        cdef int i
+        if type(recv) is not ndarray:
+            return None
+        if send is IN_PLACE:
+            send = recv
+        elif type(send) is not ndarray:
+            return None
+        dt = recv.dtype
+        if self._kernel(op, dt) == 0 or (send is not recv and send.dtype is not dt):
+            return None
+        if self._closed_ep():
+            return None
+        rref = self._view(recv, PyBUF_WRITABLE)
+        if rref is None:
+            return None
+        cdef Py_ssize_t n = rref.view.len
+        if (n > self.small_max or n >= TUNING[RING_KEY]
+                or <uintptr_t>rref.view.buf % <uintptr_t>self.last_size):
+            return None
+        sref = self._view(send, PyBUF_SIMPLE)
+        if (sref is None or sref.view.len != n or sref.view.ndim != rref.view.ndim
+                or <uintptr_t>sref.view.buf % <uintptr_t>self.last_size):
+            return None
+        for i in range(rref.view.ndim):
+            if sref.view.shape[i] != rref.view.shape[i]:
+                return None
+        return sref, rref
+
+    def allreduce(self, send, recv, op):
+        """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
+        cdef BufRef rref, sref
+        cdef Op rop
+        args = self._allreduce_args(send, recv, op)
+        if args is None:
+            return None
+        sref, rref = args
+        cdef Py_ssize_t n = rref.view.len
+        self.check_open()
+        seq = self.next_seq()
+        rop = self._recv_op(self._scratch(), <size_t>n, self.scratch_ref, seq)
+        res = self._exchange(sref, <uintptr_t>sref.view.buf, <size_t>n, rop, seq)
+        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
+            _sum_pair(self.last_kind, self.first, <const char *>sref.view.buf,
+                      <const char *>rop.ptr, <char *>rref.view.buf, n)
+            return DONE
+        return self._hand_off(res, seq, True)
+
+    def reduce_scatter_block(self, send, recv, op):
+        """``Reduce_scatter_block(send, recv, op)``: block ``q`` of ``send`` to rank
+        ``q``; this rank's block of both reduced into the start of ``recv``."""
+        cdef BufRef rref, sref
+        cdef Op rop
+        cdef Py_ssize_t nb
+        args = self._rsb_views(send, recv, op)
+        if args is None:
+            return None
+        sref, rref, nb = args
+        self.check_open()
+        seq = self.next_seq()
+        rop = self._recv_op(self._scratch(), <size_t>nb, self.scratch_ref, seq)
+        res = self._exchange(sref, <uintptr_t>sref.view.buf + (1 - self.rank) * nb,
+                             <size_t>nb, rop, seq)
+        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
+            _sum_pair(self.last_kind, self.first,
+                      <const char *>sref.view.buf + self.rank * nb,
+                      <const char *>rop.ptr, <char *>rref.view.buf, nb)
+            return DONE
+        return self._hand_off(res, seq, True)
+
+    def allgather(self, send, recv):
+        """``Allgather(send, recv)``: both blocks in rank order in ``recv``."""
+        cdef BufRef rref, sref
+        cdef Op rop
+        cdef Py_ssize_t nb
+        args = self._copy_views(send, recv, False)
+        if args is None:
+            return None
+        sref, rref, nb = args
+        self.check_open()
+        seq = self.next_seq()
+        memmove(<char *>rref.view.buf + self.rank * nb, sref.view.buf, nb)
+        rop = self._recv_op(<uintptr_t>rref.view.buf + (1 - self.rank) * nb, <size_t>nb,
+                            rref, seq)
+        res = self._exchange(sref, <uintptr_t>sref.view.buf, <size_t>nb, rop, seq)
+        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
+            return DONE
+        return self._hand_off(res, seq, False)
+
+    def alltoall(self, send, recv):
+        """``Alltoall(send, recv)``: block ``q`` of ``send`` to rank ``q``, its block
+        for this rank into block ``q`` of ``recv``."""
+        cdef BufRef rref, sref
+        cdef Op rop
+        cdef Py_ssize_t nb
+        args = self._copy_views(send, recv, True)
+        if args is None:
+            return None
+        sref, rref, nb = args
+        self.check_open()
+        seq = self.next_seq()
+        memmove(<char *>rref.view.buf + self.rank * nb,
+                <const char *>sref.view.buf + self.rank * nb, nb)
+        rop = self._recv_op(<uintptr_t>rref.view.buf + (1 - self.rank) * nb, <size_t>nb,
+                            rref, seq)
+        res = self._exchange(sref, <uintptr_t>sref.view.buf + (1 - self.rank) * nb,
+                             <size_t>nb, rop, seq)
+        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
+            return DONE
+        return self._hand_off(res, seq, False)
+
+    def bcast(self, buf, root):
+        """``Bcast(buf, root)``: the root sends, the other rank receives in place."""
+        cdef Op rop
+        cdef BufRef ref = self._bcast_view(buf, root)
+        if ref is None:
+            return None
+        cdef bint sender = root == self.rank
+        self.check_open()
+        seq = self.next_seq()
+        cdef EpSend ep = self.link
+        if sender:
+            sent = self.eng.c_send_to(ep.handle, <uintptr_t>ref.view.buf,
+                                      <size_t>ref.view.len, ref, self.stag0 | <uint64_t>seq,
+                                      ep.peers, ep.fast)
+            if sent is None:
+                return DONE
+            return (sent, None, seq, None)
+        self.eng.c_check(self.rpeers)
+        rop = self._recv_op(<uintptr_t>ref.view.buf, <size_t>ref.view.len, ref, seq)
+        got = self.eng.c_post_match(rop, True)
+        if type(got) is tuple and rop.length == rop.cap:
+            return DONE
+        return (None, got, seq, None)
+
+
+cdef class GroupCollectives(PairCollectives):
+    """The small collectives of a communicator of three or more ranks, each in one call
+    into compiled code (made like :class:`PairCollectives`).
+
+    Each does what ``SmallCollectives`` does, with the same messages and tags (so ranks
+    may mix the two paths): send to every other rank (Bcast: the root only), receive
+    from every other rank (each receive waits in place, like the two-rank exchange),
+    then, for Allreduce and Reduce_scatter_block, fold the rows (one per rank, in a
+    reused scratch) from the left in rank order, here in C. Arguments are checked as
+    :class:`PairCollectives` does.
+
+    A method returns None (not served: nothing done), ``done``, or ``(send futures,
+    receive results or futures, sequence number, rows or None)`` for the caller to
+    finish: ``rows``, a bytearray (reductions only), then holds rank ``q``'s
+    contribution at ``q * nbytes`` once every receive is done (this rank's own is
+    already there).
+    """
+
+    cdef list eps             # the EpSend of every other rank's endpoint, in rank order
+    cdef list ranks           # their ranks
+    cdef list rtags           # their messages' tags, sequence number 0
+    cdef object rows          # bytearray(size * small_max), None after a hand-off
+    cdef BufRef rows_ref
+
+    def __init__(self, group):
+        self._setup(group)
+        self.ranks = [q for q in range(self.size) if q != self.rank]
+        self.eps = [group.endpoint(q).sender for q in self.ranks]
+        self.rtags = [make_tag(group.cid, KIND_COLL, q, 0) for q in self.ranks]
+        for ep in self.eps:
+            if type(ep) is not EpSend:
+                raise TypeError("GroupCollectives needs the engine's endpoints")
+
+    cdef uintptr_t _rows(self) except 0:
+        if self.rows is None:
+            self.rows = bytearray(self.size * self.small_max)
+            self.rows_ref = BufRef.__new__(BufRef)
+            PyObject_GetBuffer(self.rows, &self.rows_ref.view, PyBUF_WRITABLE)
+            self.rows_ref.held = True
+        return <uintptr_t>self.rows_ref.view.buf
+
+    cdef bint _closed_ep(self) except -1:
+        cdef EpSend ep
+        for ep in self.eps:
+            if ep.closed:
+                return True
+        return False
+
+    cdef tuple _post_all(self, BufRef sref, uintptr_t sbase, Py_ssize_t sstep,
+                         Py_ssize_t nb, uintptr_t rbase, object rkeep, object seq):
+        """Send ``nb`` bytes at ``sbase + q * sstep`` to every other rank ``q``, then
+        receive ``q``'s ``nb`` bytes into ``rbase + q * nb``, each waited for in place:
+        ``(send futures, receive results or futures, all received whole)``."""
+        cdef Op rop
+        cdef EpSend ep
+        cdef Py_ssize_t i, q
+        cdef bint whole = True
+        cdef TagEngine eng = self.eng
+        cdef uint64_t stag = self.stag0 | <uint64_t>seq
+        sends = []
+        for i in range(self.size - 1):
+            ep = self.eps[i]
+            q = self.ranks[i]
+            sent = eng.c_send_to(ep.handle, sbase + q * sstep, <size_t>nb, sref, stag,
+                                 ep.peers, ep.fast)
+            if sent is not None:
+                sends.append(sent)
+        eng.c_check(self.rpeers)
+        got = []
+        for i in range(self.size - 1):
+            rop = self._recv_op(rbase + <uintptr_t>self.ranks[i] * nb, <size_t>nb, rkeep, seq)
+            rop.tag = <uint64_t>self.rtags[i] | <uint64_t>seq
+            res = eng.c_post_match(rop, True)
+            got.append(res)
+            if type(res) is not tuple or rop.length != rop.cap:
+                whole = False
+        return sends, got, whole
+
+    cdef object _rows_out(self, tuple res, object seq, bint rows):
+        """What a call that must wait returns (the rows become the caller's)."""
+        out = (res[0], res[1], seq, self.rows if rows else None)
+        if rows:
+            self.rows = None  # (receives may still write it)
+            self.rows_ref = None
+        return out
+
+    def allreduce(self, send, recv, op):
+        """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
+        cdef BufRef rref, sref
+        cdef Py_ssize_t n
+        cdef uintptr_t base
+        args = self._allreduce_args(send, recv, op)
+        if args is None:
+            return None
+        sref, rref = args
+        n = rref.view.len
+        self.check_open()
+        seq = self.next_seq()
+        base = self._rows()
+        memmove(<char *>base + self.rank * n, sref.view.buf, n)
+        res = self._post_all(sref, <uintptr_t>sref.view.buf, 0, n, base, self.rows_ref, seq)
+        if res[2] and not res[0]:
+            _sum_rows(self.last_kind, <const char *>base, self.size, n,
+                      <char *>rref.view.buf)
+            return DONE
+        return self._rows_out(res, seq, True)
+
+    def reduce_scatter_block(self, send, recv, op):
+        """``Reduce_scatter_block(send, recv, op)``: block ``q`` of ``send`` to rank
+        ``q``; this rank's block of every rank's folded into the start of ``recv``."""
+        cdef BufRef rref, sref
+        cdef uintptr_t base
+        cdef Py_ssize_t nb
+        args = self._rsb_views(send, recv, op)
+        if args is None:
+            return None
+        sref, rref, nb = args
+        self.check_open()
+        seq = self.next_seq()
+        base = self._rows()
+        memmove(<char *>base + self.rank * nb,
+                <const char *>sref.view.buf + self.rank * nb, nb)
+        res = self._post_all(sref, <uintptr_t>sref.view.buf, nb, nb, base, self.rows_ref,
+                             seq)
+        if res[2] and not res[0]:
+            _sum_rows(self.last_kind, <const char *>base, self.size, nb,
+                      <char *>rref.view.buf)
+            return DONE
+        return self._rows_out(res, seq, True)
+
+    def allgather(self, send, recv):
+        """``Allgather(send, recv)``: every rank's block in rank order in ``recv``."""
+        cdef BufRef rref, sref
+        cdef Py_ssize_t nb
+        args = self._copy_views(send, recv, False)
+        if args is None:
+            return None
+        sref, rref, nb = args
+        self.check_open()
+        seq = self.next_seq()
+        memmove(<char *>rref.view.buf + self.rank * nb, sref.view.buf, nb)
+        res = self._post_all(sref, <uintptr_t>sref.view.buf, 0, nb,
+                             <uintptr_t>rref.view.buf, rref, seq)
+        if res[2] and not res[0]:
+            return DONE
+        return self._rows_out(res, seq, False)
+
+    def alltoall(self, send, recv):
+        """``Alltoall(send, recv)``: block ``q`` of ``send`` to rank ``q``, its block for
+        this rank into block ``q`` of ``recv``."""
+        cdef BufRef rref, sref
+        cdef Py_ssize_t nb
+        args = self._copy_views(send, recv, True)
+        if args is None:
+            return None
+        sref, rref, nb = args
+        self.check_open()
+        seq = self.next_seq()
+        memmove(<char *>rref.view.buf + self.rank * nb,
+                <const char *>sref.view.buf + self.rank * nb, nb)
+        res = self._post_all(sref, <uintptr_t>sref.view.buf, nb, nb,
+                             <uintptr_t>rref.view.buf, rref, seq)
+        if res[2] and not res[0]:
+            return DONE
+        return self._rows_out(res, seq, False)
+
+    def bcast(self, buf, root):
+        """``Bcast(buf, root)``: the root sends to every rank, the others receive in
+        place."""
+        cdef Op rop
+        cdef EpSend ep
+        cdef Py_ssize_t i
+        cdef TagEngine eng = self.eng
+        cdef BufRef ref = self._bcast_view(buf, root)
+        if ref is None:
+            return None
+        cdef bint sender = root == self.rank
+        self.check_open()
+        seq = self.next_seq()
+        if sender:
+            sends = []
+            for ep in self.eps:
+                sent = eng.c_send_to(ep.handle, <uintptr_t>ref.view.buf,
+                                     <size_t>ref.view.len, ref, self.stag0 | <uint64_t>seq,
+                                     ep.peers, ep.fast)
+                if sent is not None:
+                    sends.append(sent)
+            return DONE if not sends else (sends, [], seq, None)
+        eng.c_check(self.rpeers)
+        i = self.ranks.index(root)
+        rop = self._recv_op(<uintptr_t>ref.view.buf, <size_t>ref.view.len, ref, seq)
+        rop.tag = <uint64_t>self.rtags[i] | <uint64_t>seq
+        got = eng.c_post_match(rop, True)
+        if type(got) is tuple and rop.length == rop.cap:
+            return DONE
+        return ([], [got], seq, None)
