@@ -124,25 +124,49 @@ def test_scratch_pool_reuses_and_caps():
     assert part[0] == a.target[0] + 40 and part[1] == 40
 
 
-def test_comm_forwards_every_collective():
-    """Comm exposes each public method of Collectives under the same name, parameters
-    (plus a keyword-only ``timeout=`` on the blocking ones) and docstring (its forwarders
-    are written out in communicator.py), async where the operation is awaited and
-    returning a Request for the I-forms."""
+def test_every_collective_is_declared_once_with_its_tiers():
+    """``COLLECTIVES`` lists every public collective of ``Comm`` (which inherits them from
+    ``Collectives``: no forwarders), each blocking one a coroutine with a keyword-only
+    ``timeout=None`` and a docstring, each ``I*`` form a plain method returning a
+    Request; every tier a row names exists (the compiled tier's methods as
+    ``comm/_fast.pyi`` declares them: tests/test_api.py keeps that stub equal to the
+    module)."""
+    import ast
     import inspect
+    from pathlib import Path
 
-    from ucxcomm.comm.collectives import Collectives
+    from ucxcomm.comm.collectives import COLLECTIVES, Collectives
+    from ucxcomm.comm.small import SmallCollectives
 
-    names = [n for n, v in vars(Collectives).items() if not n.startswith("_") and callable(v)]
-    assert {"Allreduce", "Iallreduce", "barrier", "Ibarrier", "allgather"} <= set(names)
-    timeout = inspect.Parameter("timeout", inspect.Parameter.KEYWORD_ONLY, default=None,
-                                annotation="float | None")
-    for name in names:
-        impl, fwd = getattr(Collectives, name), getattr(ucxcomm.Comm, name)
-        expected = list(inspect.signature(impl).parameters.values())[1:]
-        blocking = name[0] != "I" and name != "ibarrier"
-        if blocking and "timeout" not in inspect.signature(impl).parameters:
-            expected.append(timeout)
-        assert list(inspect.signature(fwd).parameters.values())[1:] == expected, name
-        assert fwd.__doc__ == impl.__doc__, name
-        assert inspect.iscoroutinefunction(fwd) == (name[0] != "I" and name != "ibarrier"), name
+    assert issubclass(ucxcomm.Comm, Collectives)
+    stub = ast.parse((Path(ucxcomm.__file__).parent / "comm" / "_fast.pyi").read_text())
+    compiled = {f.name for c in stub.body if isinstance(c, ast.ClassDef)
+                and c.name == "FastCollectives" for f in c.body
+                if isinstance(f, ast.FunctionDef)}
+    listed = set()
+    for row in COLLECTIVES:
+        method = getattr(ucxcomm.Comm, row.name)
+        assert inspect.iscoroutinefunction(method), row.name
+        assert method.__doc__, row.name
+        param = inspect.signature(method).parameters.get("timeout")
+        assert param is not None and param.kind is param.KEYWORD_ONLY, row.name
+        assert param.default is None, row.name
+        listed.add(row.name)
+        if row.nonblocking:
+            nb = getattr(ucxcomm.Comm, row.nonblocking)
+            assert not inspect.iscoroutinefunction(nb), row.nonblocking
+            listed.add(row.nonblocking)
+        if row.compiled:
+            assert row.compiled in compiled, row
+        if row.small:
+            assert callable(getattr(SmallCollectives, row.small)), row
+        for fn in row.general:
+            assert callable(getattr(alg, fn, None) or getattr(Collectives, fn)), row
+    public = {n for n, v in vars(Collectives).items()
+              if not n.startswith("_") and callable(v) and n != "Ibarrier"}
+    assert public == listed, public ^ listed
+    assert ucxcomm.Comm.Ibarrier is ucxcomm.Comm.ibarrier
+    # No forwarders: Comm defines none of the collectives itself.
+    from ucxcomm.comm.communicator import Comm
+
+    assert not public & set(vars(Comm)), public & set(vars(Comm))

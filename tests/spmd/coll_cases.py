@@ -647,7 +647,7 @@ async def two_rank_compiled_allreduce(comm):
             buf = mine.copy()
             await comm.Allreduce(IN_PLACE, buf)
             assert np.array_equal(buf, want, equal_nan=True), (dtype, shape, "in place")
-    assert type(comm._coll._pair).__name__ == "PairCollectives", comm._coll._pair
+    assert type(comm._fast).__name__ == "FastCollectives", comm._fast
     # The peer is late: this rank's call waits (its awaitable finishes the call).
     for late in (0, 1):
         if r == late:
@@ -714,7 +714,7 @@ async def two_rank_compiled_others(comm):
                                                for q in (0, 1)])
                 check(out[:n], want, ("reduce_scatter_block", dtype, n, late))
                 assert out[n] == 7, ("reduce_scatter_block wrote past its block", out)
-    assert type(comm._coll._pair).__name__ == "PairCollectives", comm._coll._pair
+    assert type(comm._fast).__name__ == "FastCollectives", comm._fast
     # Rank 0 passes Fortran-ordered 2-D arrays (the general path), rank 1 flat ones.
     def shaped(a):
         return np.asfortranarray(a.reshape(2, -1)) if r == 0 else a
@@ -777,7 +777,7 @@ async def group_compiled_allreduce(comm):
             buf = rows[r].copy()
             await comm.Allreduce(IN_PLACE, buf)
             assert np.array_equal(buf, want, equal_nan=True), (dtype, shape, "in place")
-    assert comm._coll._pair_ar.__self__.__class__.__name__ == "GroupCollectives"
+    assert comm._fast_ar.__self__.__class__.__name__ == "FastCollectives"
     # Late ranks: the others wait (their awaitables finish the calls).
     for late in (0, p - 1):
         if r == late:
@@ -843,7 +843,7 @@ async def group_compiled_others(comm):
                                                for q in range(p)])
                 check(out[:n], want, ("reduce_scatter_block", dtype, n, late))
                 assert out[n] == 7, ("reduce_scatter_block wrote past its block", out)
-    assert type(comm._coll._pair).__name__ == "GroupCollectives", comm._coll._pair
+    assert type(comm._fast).__name__ == "FastCollectives", comm._fast
 
     def unaligned(n):  # a float64 view one byte off: the Python path
         return np.zeros(8 * n + 1, np.uint8)[1:].view(np.float64)

@@ -10,8 +10,8 @@ private attribute of another module read.
 * :class:`StatusFinish` (:data:`RECV_STATUS`): a buffer receive's :class:`Status`, built
   at C level by the engine when the message fitted;
 * :class:`P2P`: ``Comm.Send``/``Isend``/``Recv``/``Irecv`` in one compiled call each;
-* :class:`PairCollectives` and :class:`GroupCollectives`: the small collectives of a
-  communicator of two, and of three to ``SMALL_MAX_RANKS`` ranks, in one call each.
+* :class:`FastCollectives`: the small collectives of a communicator of 2 to
+  ``SMALL_MAX_RANKS`` ranks, in one call each.
 
 Imported by :class:`~ucxcomm.Comm` when the first communicator is made (the world
 exists, so the engine is loaded): ``import ucxcomm`` loads nothing compiled. The layout
@@ -90,12 +90,9 @@ def native_kernel(op, dtype):
     return _NATIVE_SUM.get((dtype.kind, dtype.itemsize), 0), dtype.itemsize
 
 
-cdef void _sum_pair(int kind, bint first, const char *mine, const char *theirs, char *out,
-                    Py_ssize_t nbytes) noexcept nogil:
-    """``out = a + b`` element-wise, ``a`` rank 0's operand and ``b`` rank 1's (the same
-    order on both ranks: bit-identical results). Integers wrap like numpy's."""
-    cdef const char *a = mine if first else theirs
-    cdef const char *b = theirs if first else mine
+cdef void _sum(int kind, const char *a, const char *b, char *out,
+               Py_ssize_t nbytes) noexcept nogil:
+    """``out = a + b`` element-wise with kernel ``kind``. Integers wrap like numpy's."""
     cdef Py_ssize_t i
     if kind == 1:
         for i in range(nbytes // 4):
@@ -114,11 +111,12 @@ cdef void _sum_pair(int kind, bint first, const char *mine, const char *theirs, 
 cdef void _sum_rows(int kind, const char *rows, int size, Py_ssize_t nbytes,
                     char *out) noexcept nogil:
     """``out = ((row 0 + row 1) + row 2) + ...``: the rows (``nbytes`` each, one per rank,
-    back to back) folded from the left, the order of ``SmallCollectives.allreduce``."""
+    back to back) folded from the left, the order of ``SmallCollectives.allreduce``
+    (the same on every rank: bit-identical results)."""
     cdef int k
-    _sum_pair(kind, True, rows, rows + nbytes, out, nbytes)
+    _sum(kind, rows, rows + nbytes, out, nbytes)
     for k in range(2, size):
-        _sum_pair(kind, True, out, rows + k * nbytes, out, nbytes)
+        _sum(kind, out, rows + k * nbytes, out, nbytes)
 
 
 # ====================================================================== point-to-point
@@ -193,58 +191,61 @@ cdef class P2P:
 
 
 # ====================================================================== small collectives
-cdef class PairCollectives:
-    """A two-rank communicator's small collectives, each in one call into compiled code
-    (made by :class:`~ucxcomm.comm.collectives.Collectives` on the first call).
+cdef class FastCollectives:
+    """A communicator's small collectives, each in one call into compiled code, for 2 to
+    ``SMALL_MAX_RANKS`` ranks (made by :class:`~ucxcomm.comm.collectives.Collectives`
+    on the first call).
 
-    Every method takes C-contiguous numpy arrays of plain data up to ``SMALL_MAX``
-    bytes per message and does what the Python two-rank paths of
-    :mod:`ucxcomm.comm.small` do with the same messages and tags (so the peer may run
-    either): check the communicator is open, take the call's sequence number, send this
-    rank's message and wait for the peer's in place (``TagEngine.c_exchange``), then
-    copy or reduce. Reductions are those :func:`native_kernel` maps to a kernel here
-    (SUM of 32/64-bit floats and integers, rank 0's operand on the left on both ranks).
+    Every method takes C-contiguous numpy arrays of plain data up to ``SMALL_MAX`` bytes
+    per message and does what the Python paths of :mod:`ucxcomm.comm.small` do, with
+    the same messages and tags (so ranks may mix the two): check the communicator is
+    open, take the call's sequence number, send to every other rank (Bcast: the root
+    only), receive from every other rank (each receive waits in place), then, for
+    Allreduce and Reduce_scatter_block, fold the rows (one per rank, in a reused
+    scratch) from the left in rank order, in C. Reductions are those
+    :func:`native_kernel` maps to a kernel here (SUM of 32/64-bit floats and integers);
+    the fold's order makes the result the same bits on every rank.
 
     A method returns ``None`` at once, having done nothing, for arguments it does not
     serve (the general path takes them and raises its errors); ``DONE`` when the call
-    finished; otherwise ``(send future or None, receive result or future or None,
-    sequence number, scratch or None)`` for the caller to finish (a reduction's scratch,
-    a bytearray that will hold the peer's message, is then the caller's).
+    finished; otherwise ``(send futures, receive results or futures, sequence number,
+    rows or None)`` for the caller to finish (``SmallCollectives.wait_rest``):
+    ``rows``, a bytearray (reductions only), then holds rank ``q``'s contribution at
+    ``q * nbytes`` once every receive is done (this rank's own is already there).
     """
 
     cdef TagEngine eng
-    cdef EpSend link          # the peer's endpoint (two ranks)
-    cdef object rpeers
-    cdef bint first           # rank 0: this rank's operand goes on the left
+    cdef list eps             # the EpSend of every other rank's endpoint, in rank order
+    cdef list ranks           # their ranks
+    cdef object rpeers        # every member (a receive fails if any dies)
     cdef int rank
-    cdef int size             # the communicator's ranks
-    cdef uint64_t stag0, rtag0
+    cdef int size
+    cdef uint64_t stag0       # this rank's messages, sequence number 0
+    cdef uint64_t ctx0        # the communicator's collective tags, source 0, sequence 0
     cdef object next_seq, check_open
     cdef Py_ssize_t small_max
     cdef object last_op, last_dt
     cdef int last_kind
     cdef Py_ssize_t last_size
     cdef object plain_dt      # the last dtype found to hold plain data
-    cdef object scratch       # bytearray(small_max), None after a hand-off
-    cdef BufRef scratch_ref
+    cdef object rows          # bytearray(size * small_max), None after a hand-off
+    cdef BufRef rows_ref
 
     def __init__(self, group):
-        self._setup(group)
-        if self.size != 2:
-            raise ValueError("PairCollectives serves two-rank communicators")
-        self.link = group.endpoint(1 - self.rank).sender
-        self.rtag0 = make_tag(group.cid, KIND_COLL, 1 - self.rank, 0)
-
-    cdef _setup(self, group):
         self.eng = group.transport.engine
         self.rpeers = group.peers_all
         self.rank = group.rank
         self.size = group.size
-        self.first = self.rank == 0
+        self.ctx0 = make_tag(group.cid, KIND_COLL, 0, 0)
         self.stag0 = make_tag(group.cid, KIND_COLL, self.rank, 0)
         self.next_seq = group.next_seq
         self.check_open = group.check_open
         self.small_max = SMALL_MAX
+        self.ranks = [q for q in range(self.size) if q != self.rank]
+        self.eps = [group.endpoint(q).sender for q in self.ranks]
+        for ep in self.eps:
+            if type(ep) is not EpSend:
+                raise TypeError("FastCollectives needs the engine's endpoints")
 
     # ------------------------------------------------------------ helpers
     cdef int _kernel(self, object op, object dt) except -1:
@@ -275,27 +276,62 @@ cdef class PairCollectives:
         ref.held = True
         return ref
 
-    cdef uintptr_t _scratch(self) except 0:
-        if self.scratch is None:
-            self.scratch = bytearray(self.small_max)
-            self.scratch_ref = BufRef.__new__(BufRef)
-            PyObject_GetBuffer(self.scratch, &self.scratch_ref.view, PyBUF_WRITABLE)
-            self.scratch_ref.held = True
-        return <uintptr_t>self.scratch_ref.view.buf
+    cdef uintptr_t _rows(self) except 0:
+        if self.rows is None:
+            self.rows = bytearray(self.size * self.small_max)
+            self.rows_ref = BufRef.__new__(BufRef)
+            PyObject_GetBuffer(self.rows, &self.rows_ref.view, PyBUF_WRITABLE)
+            self.rows_ref.held = True
+        return <uintptr_t>self.rows_ref.view.buf
 
-    cdef object _hand_off(self, tuple res, object seq, bint scratch):
-        """What a call that must wait returns (the scratch becomes the caller's)."""
-        if not scratch:
-            return (res[0], res[1], seq, None)
-        out = (res[0], res[1], seq, self.scratch)
-        self.scratch = None  # (the receive may still write it)
-        self.scratch_ref = None
-        return out
+    cdef bint _closed_ep(self) except -1:
+        cdef EpSend ep
+        for ep in self.eps:
+            if ep.closed:
+                return True
+        return False
 
-    cdef Op _recv_op(self, uintptr_t ptr, size_t cap, object keep, uint64_t seq):
+    cdef object _post_all(self, BufRef sref, uintptr_t sbase, Py_ssize_t sstep,
+                          Py_ssize_t nb, uintptr_t rbase, object rkeep, object seq):
+        """Send ``nb`` bytes at ``sbase + q * sstep`` to every other rank ``q``, then
+        receive ``q``'s ``nb`` bytes into ``rbase + q * nb``, each waited for in place.
+        None when every send completed and every message arrived whole, else ``(send
+        futures, receive results or futures)`` (None for a receive that is done)."""
+        cdef Op rop
+        cdef EpSend ep
+        cdef Py_ssize_t i, q
+        cdef TagEngine eng = self.eng
+        cdef uint64_t stag = self.stag0 | <uint64_t>seq
+        cdef Py_ssize_t others = self.size - 1
+        sends = None
+        for i in range(others):
+            ep = self.eps[i]
+            q = self.ranks[i]
+            sent = eng.c_send_to(ep.handle, sbase + q * sstep, <size_t>nb, sref, stag,
+                                 ep.peers, ep.fast)
+            if sent is not None:
+                if sends is None:
+                    sends = []
+                sends.append(sent)
+        eng.c_check(self.rpeers)
+        got = None
+        for i in range(others):
+            q = self.ranks[i]
+            rop = self._recv_op(rbase + <uintptr_t>q * nb, <size_t>nb, rkeep, q, seq)
+            res = eng.c_post_match(rop, True)
+            if got is None and (type(res) is not tuple or rop.length != rop.cap):
+                got = [None] * i  # (those before were whole)
+            if got is not None:
+                got.append(res)
+        if sends is None and got is None:
+            return None
+        return ([] if sends is None else sends), ([] if got is None else got)
+
+    cdef Op _recv_op(self, uintptr_t ptr, size_t cap, object keep, Py_ssize_t source,
+                     object seq):
         cdef Op rop = Op.__new__(Op)
         rop.peers = self.rpeers
-        rop.tag = self.rtag0 | seq
+        rop.tag = self.ctx0 | (<uint64_t>source << SRC_SHIFT) | <uint64_t>seq
         rop.mask = FULL_MASK
         rop.ptr = ptr
         rop.cap = cap
@@ -303,14 +339,13 @@ cdef class PairCollectives:
         rop.has_ptr = True
         return rop
 
-    cdef tuple _exchange(self, BufRef sref, uintptr_t sptr, size_t sn, Op rop,
-                         uint64_t seq):
-        cdef EpSend ep = self.link
-        return self.eng.c_exchange(ep.handle, sptr, sn, sref, self.stag0 | seq, ep.peers,
-                                   ep.fast, rop)
-
-    cdef bint _closed_ep(self) except -1:
-        return self.link.closed
+    cdef object _rows_out(self, tuple res, object seq, bint rows):
+        """What a call that must wait returns (the rows become the caller's)."""
+        out = (res[0], res[1], seq, self.rows if rows else None)
+        if rows:
+            self.rows = None  # (receives may still write it)
+            self.rows_ref = None
+        return out
 
     cdef tuple _rsb_views(self, send, recv, op):
         """``(send view, recv view, block bytes)`` of a Reduce_scatter_block this class
@@ -405,199 +440,6 @@ cdef class PairCollectives:
     def allreduce(self, send, recv, op):
         """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
         cdef BufRef rref, sref
-        cdef Op rop
-        args = self._allreduce_args(send, recv, op)
-        if args is None:
-            return None
-        sref, rref = args
-        cdef Py_ssize_t n = rref.view.len
-        self.check_open()
-        seq = self.next_seq()
-        rop = self._recv_op(self._scratch(), <size_t>n, self.scratch_ref, seq)
-        res = self._exchange(sref, <uintptr_t>sref.view.buf, <size_t>n, rop, seq)
-        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
-            _sum_pair(self.last_kind, self.first, <const char *>sref.view.buf,
-                      <const char *>rop.ptr, <char *>rref.view.buf, n)
-            return DONE
-        return self._hand_off(res, seq, True)
-
-    def reduce_scatter_block(self, send, recv, op):
-        """``Reduce_scatter_block(send, recv, op)``: block ``q`` of ``send`` to rank
-        ``q``; this rank's block of both reduced into the start of ``recv``."""
-        cdef BufRef rref, sref
-        cdef Op rop
-        cdef Py_ssize_t nb
-        args = self._rsb_views(send, recv, op)
-        if args is None:
-            return None
-        sref, rref, nb = args
-        self.check_open()
-        seq = self.next_seq()
-        rop = self._recv_op(self._scratch(), <size_t>nb, self.scratch_ref, seq)
-        res = self._exchange(sref, <uintptr_t>sref.view.buf + (1 - self.rank) * nb,
-                             <size_t>nb, rop, seq)
-        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
-            _sum_pair(self.last_kind, self.first,
-                      <const char *>sref.view.buf + self.rank * nb,
-                      <const char *>rop.ptr, <char *>rref.view.buf, nb)
-            return DONE
-        return self._hand_off(res, seq, True)
-
-    def allgather(self, send, recv):
-        """``Allgather(send, recv)``: both blocks in rank order in ``recv``."""
-        cdef BufRef rref, sref
-        cdef Op rop
-        cdef Py_ssize_t nb
-        args = self._copy_views(send, recv, False)
-        if args is None:
-            return None
-        sref, rref, nb = args
-        self.check_open()
-        seq = self.next_seq()
-        memmove(<char *>rref.view.buf + self.rank * nb, sref.view.buf, nb)
-        rop = self._recv_op(<uintptr_t>rref.view.buf + (1 - self.rank) * nb, <size_t>nb,
-                            rref, seq)
-        res = self._exchange(sref, <uintptr_t>sref.view.buf, <size_t>nb, rop, seq)
-        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
-            return DONE
-        return self._hand_off(res, seq, False)
-
-    def alltoall(self, send, recv):
-        """``Alltoall(send, recv)``: block ``q`` of ``send`` to rank ``q``, its block
-        for this rank into block ``q`` of ``recv``."""
-        cdef BufRef rref, sref
-        cdef Op rop
-        cdef Py_ssize_t nb
-        args = self._copy_views(send, recv, True)
-        if args is None:
-            return None
-        sref, rref, nb = args
-        self.check_open()
-        seq = self.next_seq()
-        memmove(<char *>rref.view.buf + self.rank * nb,
-                <const char *>sref.view.buf + self.rank * nb, nb)
-        rop = self._recv_op(<uintptr_t>rref.view.buf + (1 - self.rank) * nb, <size_t>nb,
-                            rref, seq)
-        res = self._exchange(sref, <uintptr_t>sref.view.buf + (1 - self.rank) * nb,
-                             <size_t>nb, rop, seq)
-        if res[0] is None and type(res[1]) is tuple and rop.length == rop.cap:
-            return DONE
-        return self._hand_off(res, seq, False)
-
-    def bcast(self, buf, root):
-        """``Bcast(buf, root)``: the root sends, the other rank receives in place."""
-        cdef Op rop
-        cdef BufRef ref = self._bcast_view(buf, root)
-        if ref is None:
-            return None
-        cdef bint sender = root == self.rank
-        self.check_open()
-        seq = self.next_seq()
-        cdef EpSend ep = self.link
-        if sender:
-            sent = self.eng.c_send_to(ep.handle, <uintptr_t>ref.view.buf,
-                                      <size_t>ref.view.len, ref, self.stag0 | <uint64_t>seq,
-                                      ep.peers, ep.fast)
-            if sent is None:
-                return DONE
-            return (sent, None, seq, None)
-        self.eng.c_check(self.rpeers)
-        rop = self._recv_op(<uintptr_t>ref.view.buf, <size_t>ref.view.len, ref, seq)
-        got = self.eng.c_post_match(rop, True)
-        if type(got) is tuple and rop.length == rop.cap:
-            return DONE
-        return (None, got, seq, None)
-
-
-cdef class GroupCollectives(PairCollectives):
-    """The small collectives of a communicator of three or more ranks, each in one call
-    into compiled code (made like :class:`PairCollectives`).
-
-    Each does what ``SmallCollectives`` does, with the same messages and tags (so ranks
-    may mix the two paths): send to every other rank (Bcast: the root only), receive
-    from every other rank (each receive waits in place, like the two-rank exchange),
-    then, for Allreduce and Reduce_scatter_block, fold the rows (one per rank, in a
-    reused scratch) from the left in rank order, here in C. Arguments are checked as
-    :class:`PairCollectives` does.
-
-    A method returns None (not served: nothing done), ``done``, or ``(send futures,
-    receive results or futures, sequence number, rows or None)`` for the caller to
-    finish: ``rows``, a bytearray (reductions only), then holds rank ``q``'s
-    contribution at ``q * nbytes`` once every receive is done (this rank's own is
-    already there).
-    """
-
-    cdef list eps             # the EpSend of every other rank's endpoint, in rank order
-    cdef list ranks           # their ranks
-    cdef list rtags           # their messages' tags, sequence number 0
-    cdef object rows          # bytearray(size * small_max), None after a hand-off
-    cdef BufRef rows_ref
-
-    def __init__(self, group):
-        self._setup(group)
-        self.ranks = [q for q in range(self.size) if q != self.rank]
-        self.eps = [group.endpoint(q).sender for q in self.ranks]
-        self.rtags = [make_tag(group.cid, KIND_COLL, q, 0) for q in self.ranks]
-        for ep in self.eps:
-            if type(ep) is not EpSend:
-                raise TypeError("GroupCollectives needs the engine's endpoints")
-
-    cdef uintptr_t _rows(self) except 0:
-        if self.rows is None:
-            self.rows = bytearray(self.size * self.small_max)
-            self.rows_ref = BufRef.__new__(BufRef)
-            PyObject_GetBuffer(self.rows, &self.rows_ref.view, PyBUF_WRITABLE)
-            self.rows_ref.held = True
-        return <uintptr_t>self.rows_ref.view.buf
-
-    cdef bint _closed_ep(self) except -1:
-        cdef EpSend ep
-        for ep in self.eps:
-            if ep.closed:
-                return True
-        return False
-
-    cdef tuple _post_all(self, BufRef sref, uintptr_t sbase, Py_ssize_t sstep,
-                         Py_ssize_t nb, uintptr_t rbase, object rkeep, object seq):
-        """Send ``nb`` bytes at ``sbase + q * sstep`` to every other rank ``q``, then
-        receive ``q``'s ``nb`` bytes into ``rbase + q * nb``, each waited for in place:
-        ``(send futures, receive results or futures, all received whole)``."""
-        cdef Op rop
-        cdef EpSend ep
-        cdef Py_ssize_t i, q
-        cdef bint whole = True
-        cdef TagEngine eng = self.eng
-        cdef uint64_t stag = self.stag0 | <uint64_t>seq
-        sends = []
-        for i in range(self.size - 1):
-            ep = self.eps[i]
-            q = self.ranks[i]
-            sent = eng.c_send_to(ep.handle, sbase + q * sstep, <size_t>nb, sref, stag,
-                                 ep.peers, ep.fast)
-            if sent is not None:
-                sends.append(sent)
-        eng.c_check(self.rpeers)
-        got = []
-        for i in range(self.size - 1):
-            rop = self._recv_op(rbase + <uintptr_t>self.ranks[i] * nb, <size_t>nb, rkeep, seq)
-            rop.tag = <uint64_t>self.rtags[i] | <uint64_t>seq
-            res = eng.c_post_match(rop, True)
-            got.append(res)
-            if type(res) is not tuple or rop.length != rop.cap:
-                whole = False
-        return sends, got, whole
-
-    cdef object _rows_out(self, tuple res, object seq, bint rows):
-        """What a call that must wait returns (the rows become the caller's)."""
-        out = (res[0], res[1], seq, self.rows if rows else None)
-        if rows:
-            self.rows = None  # (receives may still write it)
-            self.rows_ref = None
-        return out
-
-    def allreduce(self, send, recv, op):
-        """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
-        cdef BufRef rref, sref
         cdef Py_ssize_t n
         cdef uintptr_t base
         args = self._allreduce_args(send, recv, op)
@@ -610,7 +452,7 @@ cdef class GroupCollectives(PairCollectives):
         base = self._rows()
         memmove(<char *>base + self.rank * n, sref.view.buf, n)
         res = self._post_all(sref, <uintptr_t>sref.view.buf, 0, n, base, self.rows_ref, seq)
-        if res[2] and not res[0]:
+        if res is None:
             _sum_rows(self.last_kind, <const char *>base, self.size, n,
                       <char *>rref.view.buf)
             return DONE
@@ -633,7 +475,7 @@ cdef class GroupCollectives(PairCollectives):
                 <const char *>sref.view.buf + self.rank * nb, nb)
         res = self._post_all(sref, <uintptr_t>sref.view.buf, nb, nb, base, self.rows_ref,
                              seq)
-        if res[2] and not res[0]:
+        if res is None:
             _sum_rows(self.last_kind, <const char *>base, self.size, nb,
                       <char *>rref.view.buf)
             return DONE
@@ -652,7 +494,7 @@ cdef class GroupCollectives(PairCollectives):
         memmove(<char *>rref.view.buf + self.rank * nb, sref.view.buf, nb)
         res = self._post_all(sref, <uintptr_t>sref.view.buf, 0, nb,
                              <uintptr_t>rref.view.buf, rref, seq)
-        if res[2] and not res[0]:
+        if res is None:
             return DONE
         return self._rows_out(res, seq, False)
 
@@ -671,7 +513,7 @@ cdef class GroupCollectives(PairCollectives):
                 <const char *>sref.view.buf + self.rank * nb, nb)
         res = self._post_all(sref, <uintptr_t>sref.view.buf, nb, nb,
                              <uintptr_t>rref.view.buf, rref, seq)
-        if res[2] and not res[0]:
+        if res is None:
             return DONE
         return self._rows_out(res, seq, False)
 
@@ -680,7 +522,6 @@ cdef class GroupCollectives(PairCollectives):
         place."""
         cdef Op rop
         cdef EpSend ep
-        cdef Py_ssize_t i
         cdef TagEngine eng = self.eng
         cdef BufRef ref = self._bcast_view(buf, root)
         if ref is None:
@@ -698,9 +539,7 @@ cdef class GroupCollectives(PairCollectives):
                     sends.append(sent)
             return DONE if not sends else (sends, [], seq, None)
         eng.c_check(self.rpeers)
-        i = self.ranks.index(root)
-        rop = self._recv_op(<uintptr_t>ref.view.buf, <size_t>ref.view.len, ref, seq)
-        rop.tag = <uint64_t>self.rtags[i] | <uint64_t>seq
+        rop = self._recv_op(<uintptr_t>ref.view.buf, <size_t>ref.view.len, ref, root, seq)
         got = eng.c_post_match(rop, True)
         if type(got) is tuple and rop.length == rop.cap:
             return DONE

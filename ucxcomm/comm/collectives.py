@@ -1,11 +1,15 @@
-"""``Collectives``: the collective operations of one communicator, over its ``Group``.
+"""``Collectives``: the collective operations of a communicator, over its ``Group``.
 
-:class:`~ucxcomm.Comm` builds one :class:`Collectives` over its
-:class:`~ucxcomm.comm.group.Group` and exposes each public method under the same name
-and signature (``comm.Allreduce`` forwards to ``Collectives.Allreduce``, whose docstring
-it shows). Lowercase methods move Python objects, Capitalized ones move buffers (numpy
-arrays, bytearray/memoryview, cupy arrays on the GPU) without staging copies;
-``barrier`` lives here too. Every argument is checked before a collective takes its
+:class:`~ucxcomm.Comm` *is* a :class:`Collectives` (its base class: the collectives are
+``Comm``'s own methods, no forwarding layer). :data:`COLLECTIVES` lists every collective
+and the tiers that serve it: a compiled small-message call (``comm/_fast.pyx``), the
+Python small-message path (``comm/small.py``), the general algorithms
+(``comm/algorithms.py``). Lowercase methods move Python objects, Capitalized ones move
+buffers (numpy arrays, bytearray/memoryview, cupy arrays on the GPU) without staging
+copies; ``barrier`` lives here too. Each blocking collective ``X`` takes ``timeout=``
+and awaits ``_X(...)``, which checks the arguments and starts the operation (an
+awaitable, or ``DONE`` when it finished in the call); ``IX`` wraps the same start in a
+:class:`~ucxcomm.Request`. Every argument is checked before a collective takes its
 sequence number, so a bad call raises at once on the calling rank and leaves the
 communicator usable. The algorithms themselves live in :mod:`ucxcomm.comm.algorithms`.
 
@@ -18,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from .._buffers import typed_flat
-from .._deadline import within
+from .._deadline import check_timeout, limit
+from ..errors import CommTimeoutError
 from ..tags import KIND_COLL, make_tag
 from . import algorithms as alg
 from .algorithms import Buf, Chan, binomial
@@ -34,7 +40,7 @@ from .small import DONE, SMALL_MAX_RANKS, SmallCollectives, small_ok
 if TYPE_CHECKING:
     from .group import Group
 
-__all__ = ["IN_PLACE", "Collectives"]
+__all__ = ["COLLECTIVES", "IN_PLACE", "Collective", "Collectives"]
 
 
 class _InPlace:
@@ -52,7 +58,7 @@ class _InPlace:
 
 IN_PLACE = _InPlace()
 
-_UNMADE = object()  # Collectives._pair before the first call makes it
+_UNMADE = object()  # Collectives._fast before the first call makes it
 
 _checked_ops: dict[tuple[str, Any], bool] = {}
 _fast_ufuncs: dict[tuple[Op, Any], Any] = {}
@@ -131,18 +137,82 @@ def _equal_blocks(n: int, p: int, what: str) -> tuple[list[int], list[int]]:
     return [count] * p, [i * count for i in range(p)]
 
 
+@dataclass(frozen=True)
+class Collective:
+    """One collective of the API and the tiers that serve it (see :data:`COLLECTIVES`)."""
+
+    #: The blocking method (a coroutine taking ``timeout=``), e.g. ``"Allreduce"``.
+    name: str
+    #: Its non-blocking form (returns a :class:`~ucxcomm.Request`), if any.
+    nonblocking: str | None = None
+    #: Small C-contiguous host arrays, one call into compiled code: the method of
+    #: ``comm/_fast.pyx``'s ``FastCollectives`` (2 to ``SMALL_MAX_RANKS`` ranks) that
+    #: serves them first.
+    compiled: str | None = None
+    #: Small host arrays in Python, the same messages as the compiled tier (the
+    #: ``I*`` forms, other ops and dtypes): the method of ``comm/small.py``'s
+    #: ``SmallCollectives``.
+    small: str | None = None
+    #: The general algorithms (any size, any buffer), functions of ``comm/algorithms.py``
+    #: (the object collectives' are methods here).
+    general: tuple[str, ...] = ()
+
+
+#: Every collective of :class:`~ucxcomm.Comm`, with its tiers, tried in this order:
+#: compiled, small, general. The one place that lists them (tests check that each
+#: named method exists and that every public collective method is listed here).
+COLLECTIVES: tuple[Collective, ...] = (
+    Collective("barrier", "ibarrier", general=("_run_barrier",)),
+    Collective("Bcast", "Ibcast", "bcast", "bcast", ("bcast",)),
+    Collective("Reduce", "Ireduce", general=("reduce",)),
+    Collective("Allreduce", "Iallreduce", "allreduce", "allreduce",
+               ("allreduce_recursive_doubling", "allreduce")),
+    Collective("Gather", "Igather", general=("gatherv",)),
+    Collective("Gatherv", "Igatherv", general=("gatherv",)),
+    Collective("Scatter", "Iscatter", general=("scatterv",)),
+    Collective("Scatterv", "Iscatterv", general=("scatterv",)),
+    Collective("Allgather", "Iallgather", "allgather", "allgather", ("ring_allgatherv",)),
+    Collective("Allgatherv", "Iallgatherv", general=("ring_allgatherv",)),
+    Collective("Alltoall", "Ialltoall", "alltoall", "alltoall", ("alltoallv",)),
+    Collective("Alltoallv", "Ialltoallv", general=("alltoallv",)),
+    Collective("Reduce_scatter_block", "Ireduce_scatter_block", "reduce_scatter_block",
+               "reduce_scatter_block", ("ring_reduce_scatter",)),
+    Collective("Reduce_scatter", "Ireduce_scatter", general=("ring_reduce_scatter",)),
+    Collective("Scan", "Iscan", general=("scan",)),
+    Collective("Exscan", "Iexscan", general=("scan",)),
+    Collective("bcast", general=("_bcast_obj",)),
+    Collective("reduce", general=("_reduce_obj",)),
+    Collective("allreduce", general=("_reduce_obj", "_bcast_obj")),
+    Collective("gather", general=("_gather_obj",)),
+    Collective("allgather", general=("_gather_obj", "_bcast_obj")),
+    Collective("scatter"),
+    Collective("alltoall"),
+    Collective("scan", general=("_scan_obj",)),
+    Collective("exscan", general=("_scan_obj",)),
+)
+
+
 class Collectives:
     """The collectives of the communicator whose :class:`~ucxcomm.comm.group.Group` is
-    ``group`` (see the module docstring).
+    ``group``: the base class of :class:`~ucxcomm.Comm` (see the module docstring).
 
-    Buffer collectives and ``barrier`` check their arguments when called and return the
-    operation to await (``Comm``'s ``async`` methods of the same names await it, so
-    the public call adds no coroutine layer); ``I*`` forms wrap it in a
-    :class:`~ucxcomm.Request`.
+    A collective that timed out (``timeout=``) leaves the ranks' collectives out of
+    step: the group then refuses every further collective at the call
+    (``Group.out_of_step``, checked where a collective takes its sequence number).
     """
 
-    __slots__ = ("_check_open", "_group", "_next_seq", "_pair", "_pair_ar", "_rd_scratch", "_small",
-                 "_transport", "rank", "size")
+    __slots__ = (
+        "_check_open",
+        "_fast",
+        "_fast_ar",
+        "_group",
+        "_next_seq",
+        "_rd_scratch",
+        "_small",
+        "_transport",
+        "rank",
+        "size",
+    )
 
     def __init__(self, group: Group) -> None:
         self._group = group
@@ -156,8 +226,8 @@ class Collectives:
         self._small = SmallCollectives(group)
         # Up to SMALL_MAX_RANKS: the compiled small collectives (made by the first call)
         # and their Allreduce (before that, the method that makes them).
-        self._pair: Any = _UNMADE if 2 <= self.size <= SMALL_MAX_RANKS else None
-        self._pair_ar: Any = (self._first_pair_allreduce
+        self._fast: Any = _UNMADE if 2 <= self.size <= SMALL_MAX_RANKS else None
+        self._fast_ar: Any = (self._first_fast_allreduce
                               if 2 <= self.size <= SMALL_MAX_RANKS else None)
 
     def _small_chan(self, what: str) -> Chan:
@@ -222,14 +292,22 @@ class Collectives:
         return Request(asyncio.ensure_future(coro))
 
     # ============================================================== buffers
-    def Bcast(self, buf: Any, root: int = 0) -> Awaitable[None]:
+    async def Bcast(self, buf: Any, root: int = 0, *, timeout: float | None = None) -> None:
         """Broadcast ``buf`` from ``root`` into ``buf`` on every rank (binomial tree,
         segmented for large messages)."""
-        pair = self._pair if self._pair is not _UNMADE else self._make_pair()
+        if timeout is not None:
+            return await self._deadline(self._Bcast, (buf, root), timeout, "Bcast")
+        res = self._Bcast(buf, root)
+        if res is not DONE:
+            await res
+
+    def _Bcast(self, buf: Any, root: int = 0) -> Awaitable[None]:
+        """Start :meth:`Bcast` (checks first): what to await, or DONE."""
+        pair = self._fast if self._fast is not _UNMADE else self._make_fast()
         if pair is not None:
             rest = pair.bcast(buf, root)
             if rest is not None:
-                return rest if rest is DONE else self._small.pair_wait(rest, "Bcast")
+                return rest if rest is DONE else self._small.wait_rest(rest, "Bcast")
         return self._bcast(buf, root)
 
     def _bcast(self, buf: Any, root: int) -> Awaitable[None]:
@@ -245,10 +323,19 @@ class Collectives:
         """Non-blocking :meth:`Bcast`."""
         return self._request(self._bcast(buf, root))
 
-    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0
-               ) -> Awaitable[None]:
+    async def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
+                     timeout: float | None = None) -> None:
         """Element-wise reduction of every rank's ``sendbuf`` into ``recvbuf`` at
         ``root`` (``recvbuf`` may be None elsewhere; ``sendbuf=IN_PLACE`` at the root)."""
+        if timeout is not None:
+            return await self._deadline(self._Reduce, (sendbuf, recvbuf, op, root),
+                                        timeout, "Reduce")
+        res = self._Reduce(sendbuf, recvbuf, op, root)
+        if res is not DONE:
+            await res
+
+    def _Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> Awaitable[None]:
+        """Start :meth:`Reduce` (checks first): what to await, or DONE."""
         root = self._group.check_peer(root, "root")
         recv: Buf | None = None
         if self.rank == root:
@@ -268,9 +355,10 @@ class Collectives:
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> Request:
         """Non-blocking :meth:`Reduce`."""
-        return self._request(self.Reduce(sendbuf, recvbuf, op, root))
+        return self._request(self._Reduce(sendbuf, recvbuf, op, root))
 
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
+    async def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
+                        timeout: float | None = None) -> None:
         """Element-wise reduction of every rank's ``sendbuf``, result in every rank's
         ``recvbuf`` (bit-identical everywhere). Recursive doubling for small messages,
         ring reduce-scatter + allgather (segmented) for large ones. Two ranks, small
@@ -278,37 +366,42 @@ class Collectives:
         reduction; ``DONE`` is returned when it finished there); likewise up to 32
         ranks (every input to every rank, folded in rank order), and for small Bcast,
         Allgather, Alltoall and Reduce_scatter_block."""
-        pair = self._pair_ar
+        if timeout is not None:
+            return await self._deadline(self._Allreduce, (sendbuf, recvbuf, op),
+                                        timeout, "Allreduce")
+        res = self._Allreduce(sendbuf, recvbuf, op)
+        if res is not DONE:
+            await res
+
+    def _Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
+        """Start :meth:`Allreduce` (checks first): what to await, or DONE."""
+        pair = self._fast_ar
         if pair is not None:
             rest = pair(sendbuf, recvbuf, op)
             if rest is not None:
-                return (rest if rest is DONE
-                        else self._small.allreduce_rest(rest, sendbuf, recvbuf))
-        return self._allreduce(sendbuf, recvbuf, op, True)
+                return rest if rest is DONE else self._small.allreduce_rest(rest, recvbuf)
+        return self._allreduce(sendbuf, recvbuf, op)
 
-    def _first_pair_allreduce(self, sendbuf: Any, recvbuf: Any, op: Op) -> Any:
+    def _first_fast_allreduce(self, sendbuf: Any, recvbuf: Any, op: Op) -> Any:
         """:attr:`_pair_ar` until the compiled small Allreduce is made."""
-        pair = self._make_pair()
+        pair = self._make_fast()
         return None if pair is None else pair.allreduce(sendbuf, recvbuf, op)
 
-    def _make_pair(self) -> Any:
-        """The compiled small collectives (``comm/_fast.pyx``: ``PairCollectives`` for
-        two ranks, ``GroupCollectives`` up to SMALL_MAX_RANKS), made on the first call
-        that can use them (they need the peers' endpoints); None while the communicator
-        is closed (the general paths raise)."""
+    def _make_fast(self) -> Any:
+        """The compiled small collectives (``comm/_fast.pyx``'s ``FastCollectives``),
+        made on the first call that can use them (they need the peers' endpoints); None
+        while the communicator is closed (the general paths raise)."""
         if self._group.closed or self._group.world.closed:
             return None
         from . import _fast
 
-        g = self._group
-        pair = self._pair = (_fast.PairCollectives(g) if self.size == 2
-                             else _fast.GroupCollectives(g))
-        self._pair_ar = pair.allreduce
+        pair = self._fast = _fast.FastCollectives(self._group)
+        self._fast_ar = pair.allreduce
         return pair
 
-    def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Op, now: bool) -> Awaitable[None]:
-        """:meth:`Allreduce`; ``now``: the caller awaits the result at once (a small
-        two-rank call may then finish inside this call and return ``DONE``)."""
+    def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Op) -> Awaitable[None]:
+        """:meth:`Allreduce` where the compiled call does not serve it: the Python small
+        path, recursive doubling below the ring threshold, else the ring."""
         if (type(recvbuf) is np.ndarray and recvbuf.nbytes < alg.TUNING["allreduce_ring_min"]
                 and self.size > 1 and isinstance(op, Op)):
             flags = recvbuf.flags
@@ -323,8 +416,6 @@ class Collectives:
                     ufunc = _fast_ufuncs[key] = _ufunc(op, recvbuf)
                 if self._small.usable(recvbuf.nbytes):
                     src = recvbuf if sendbuf is IN_PLACE else cast(np.ndarray, sendbuf)
-                    if now and self.size == 2:
-                        return self._small.allreduce_now(src, recvbuf, ufunc)  # type: ignore[no-any-return]
                     return self._small.allreduce(self._small_chan("Allreduce"), src, recvbuf, ufunc)
                 self._check_open()
                 ch = Chan(self._group, self._next_seq(), "Allreduce")
@@ -357,7 +448,7 @@ class Collectives:
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
         """Non-blocking :meth:`Allreduce`."""
-        return self._request(self._allreduce(sendbuf, recvbuf, op, False))
+        return self._request(self._allreduce(sendbuf, recvbuf, op))
 
     def _gatherv(self, sendbuf: Any, recvspec: Any, root: int, v: bool) -> Awaitable[None]:
         name = "Gatherv" if v else "Gather"
@@ -388,13 +479,32 @@ class Collectives:
         ch = self._chan(name, send, recv)
         return self._run(ch, alg.gatherv(ch, send, recv, counts, displs, root))
 
-    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
+    async def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                     timeout: float | None = None) -> None:
         """Concatenate every rank's ``sendbuf`` into ``recvbuf`` at ``root`` (rank order)."""
+        if timeout is not None:
+            return await self._deadline(self._Gather, (sendbuf, recvbuf, root), timeout, "Gather")
+        res = self._Gather(sendbuf, recvbuf, root)
+        if res is not DONE:
+            await res
+
+    def _Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
+        """Start :meth:`Gather` (checks first): what to await, or DONE."""
         return self._gatherv(sendbuf, recvbuf, root, False)
 
-    def Gatherv(self, sendbuf: Any, recvspec: Any, root: int = 0) -> Awaitable[None]:
+    async def Gatherv(self, sendbuf: Any, recvspec: Any, root: int = 0, *,
+                      timeout: float | None = None) -> None:
         """:meth:`Gather` with per-rank counts: ``recvspec = (recvbuf, counts[, displs])``
         at the root (in elements)."""
+        if timeout is not None:
+            return await self._deadline(self._Gatherv, (sendbuf, recvspec, root),
+                                        timeout, "Gatherv")
+        res = self._Gatherv(sendbuf, recvspec, root)
+        if res is not DONE:
+            await res
+
+    def _Gatherv(self, sendbuf: Any, recvspec: Any, root: int = 0) -> Awaitable[None]:
+        """Start :meth:`Gatherv` (checks first): what to await, or DONE."""
         return self._gatherv(sendbuf, recvspec, root, True)
 
     def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
@@ -432,13 +542,32 @@ class Collectives:
         ch = self._chan(name, send, recv)
         return self._run(ch, alg.scatterv(ch, send, counts, displs, recv, root))
 
-    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
+    async def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                      timeout: float | None = None) -> None:
         """Split ``sendbuf`` at ``root`` into ``size`` equal blocks; rank ``i`` gets
         block ``i`` in ``recvbuf`` (``recvbuf=IN_PLACE`` at the root)."""
+        if timeout is not None:
+            return await self._deadline(self._Scatter, (sendbuf, recvbuf, root), timeout, "Scatter")
+        res = self._Scatter(sendbuf, recvbuf, root)
+        if res is not DONE:
+            await res
+
+    def _Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
+        """Start :meth:`Scatter` (checks first): what to await, or DONE."""
         return self._scatterv(sendbuf, recvbuf, root, False)
 
-    def Scatterv(self, sendspec: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
+    async def Scatterv(self, sendspec: Any, recvbuf: Any, root: int = 0, *,
+                       timeout: float | None = None) -> None:
         """:meth:`Scatter` with per-rank counts: ``sendspec = (sendbuf, counts[, displs])``."""
+        if timeout is not None:
+            return await self._deadline(self._Scatterv, (sendspec, recvbuf, root),
+                                        timeout, "Scatterv")
+        res = self._Scatterv(sendspec, recvbuf, root)
+        if res is not DONE:
+            await res
+
+    def _Scatterv(self, sendspec: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
+        """Start :meth:`Scatterv` (checks first): what to await, or DONE."""
         return self._scatterv(sendspec, recvbuf, root, True)
 
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
@@ -476,18 +605,36 @@ class Collectives:
             return self._run(ch, run())
         return self._run(ch, alg.ring_allgatherv(ch, recv, counts, displs, send))
 
-    def Allgather(self, sendbuf: Any, recvbuf: Any) -> Awaitable[None]:
+    async def Allgather(self, sendbuf: Any, recvbuf: Any, *, timeout: float | None = None) -> None:
         """Every rank's ``sendbuf`` concatenated in rank order into every ``recvbuf``
         (ring, segmented; ``sendbuf=IN_PLACE``: the block is already in place)."""
-        pair = self._pair if self._pair is not _UNMADE else self._make_pair()
+        if timeout is not None:
+            return await self._deadline(self._Allgather, (sendbuf, recvbuf), timeout, "Allgather")
+        res = self._Allgather(sendbuf, recvbuf)
+        if res is not DONE:
+            await res
+
+    def _Allgather(self, sendbuf: Any, recvbuf: Any) -> Awaitable[None]:
+        """Start :meth:`Allgather` (checks first): what to await, or DONE."""
+        pair = self._fast if self._fast is not _UNMADE else self._make_fast()
         if pair is not None:
             rest = pair.allgather(sendbuf, recvbuf)
             if rest is not None:
-                return rest if rest is DONE else self._small.pair_wait(rest, "Allgather")
+                return rest if rest is DONE else self._small.wait_rest(rest, "Allgather")
         return self._allgatherv(sendbuf, recvbuf, False)
 
-    def Allgatherv(self, sendbuf: Any, recvspec: Any) -> Awaitable[None]:
+    async def Allgatherv(self, sendbuf: Any, recvspec: Any, *,
+                         timeout: float | None = None) -> None:
         """:meth:`Allgather` with per-rank counts: ``recvspec = (recvbuf, counts[, displs])``."""
+        if timeout is not None:
+            return await self._deadline(self._Allgatherv, (sendbuf, recvspec),
+                                        timeout, "Allgatherv")
+        res = self._Allgatherv(sendbuf, recvspec)
+        if res is not DONE:
+            await res
+
+    def _Allgatherv(self, sendbuf: Any, recvspec: Any) -> Awaitable[None]:
+        """Start :meth:`Allgatherv` (checks first): what to await, or DONE."""
         return self._allgatherv(sendbuf, recvspec, True)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:
@@ -535,18 +682,35 @@ class Collectives:
 
         return self._run(ch, run())
 
-    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> Awaitable[None]:
+    async def Alltoall(self, sendbuf: Any, recvbuf: Any, *, timeout: float | None = None) -> None:
         """Block ``j`` of rank ``i``'s ``sendbuf`` lands in block ``i`` of rank ``j``'s
         ``recvbuf`` (pairwise exchange)."""
-        pair = self._pair if self._pair is not _UNMADE else self._make_pair()
+        if timeout is not None:
+            return await self._deadline(self._Alltoall, (sendbuf, recvbuf), timeout, "Alltoall")
+        res = self._Alltoall(sendbuf, recvbuf)
+        if res is not DONE:
+            await res
+
+    def _Alltoall(self, sendbuf: Any, recvbuf: Any) -> Awaitable[None]:
+        """Start :meth:`Alltoall` (checks first): what to await, or DONE."""
+        pair = self._fast if self._fast is not _UNMADE else self._make_fast()
         if pair is not None:
             rest = pair.alltoall(sendbuf, recvbuf)
             if rest is not None:
-                return rest if rest is DONE else self._small.pair_wait(rest, "Alltoall")
+                return rest if rest is DONE else self._small.wait_rest(rest, "Alltoall")
         return self._alltoallv(sendbuf, recvbuf, False)
 
-    def Alltoallv(self, sendspec: Any, recvspec: Any) -> Awaitable[None]:
+    async def Alltoallv(self, sendspec: Any, recvspec: Any, *,
+                        timeout: float | None = None) -> None:
         """:meth:`Alltoall` with ``(buf, counts[, displs])`` on both sides."""
+        if timeout is not None:
+            return await self._deadline(self._Alltoallv, (sendspec, recvspec), timeout, "Alltoallv")
+        res = self._Alltoallv(sendspec, recvspec)
+        if res is not DONE:
+            await res
+
+    def _Alltoallv(self, sendspec: Any, recvspec: Any) -> Awaitable[None]:
+        """Start :meth:`Alltoallv` (checks first): what to await, or DONE."""
         return self._alltoallv(sendspec, recvspec, True)
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
@@ -555,8 +719,9 @@ class Collectives:
     def Ialltoallv(self, sendspec: Any, recvspec: Any) -> Request:
         return self._request(self._alltoallv(sendspec, recvspec, True))
 
-    def _reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Op
-                        ) -> Awaitable[None]:
+    def _reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any,
+                        op: Op
+                       ) -> Awaitable[None]:
         name = "Reduce_scatter_block" if recvcounts is None else "Reduce_scatter"
         p, r = self.size, self.rank
         if (recvcounts is None and small_ok(sendbuf, recvbuf) and recvbuf.flags.writeable
@@ -600,21 +765,42 @@ class Collectives:
 
         return self._run(ch, run())
 
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
+    async def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
+                                   timeout: float | None = None) -> None:
         """Reduce ``sendbuf`` (``size`` equal blocks) element-wise; rank ``i`` gets
         block ``i`` of the result (ring). ``sendbuf=IN_PLACE``: input from ``recvbuf``,
         result in its first block."""
-        pair = self._pair if self._pair is not _UNMADE else self._make_pair()
+        if timeout is not None:
+            return await self._deadline(self._Reduce_scatter_block, (sendbuf, recvbuf, op),
+                                        timeout, "Reduce_scatter_block")
+        res = self._Reduce_scatter_block(sendbuf, recvbuf, op)
+        if res is not DONE:
+            await res
+
+    def _Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
+        """Start :meth:`Reduce_scatter_block` (checks first): what to await, or DONE."""
+        pair = self._fast if self._fast is not _UNMADE else self._make_fast()
         if pair is not None:
             rest = pair.reduce_scatter_block(sendbuf, recvbuf, op)
             if rest is not None:
-                return rest if rest is DONE else self._small.pair_rsb_rest(rest, sendbuf,
+                return rest if rest is DONE else self._small.rsb_rest(rest, sendbuf,
                                                                            recvbuf)
         return self._reduce_scatter(sendbuf, recvbuf, None, op)
 
-    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],
-                       op: Op = SUM) -> Awaitable[None]:
+    async def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],
+                             op: Op = SUM, *, timeout: float | None = None) -> None:
         """Like :meth:`Reduce_scatter_block` with ``recvcounts[i]`` elements for rank ``i``."""
+        if timeout is not None:
+            return await self._deadline(self._Reduce_scatter,
+                                        (sendbuf, recvbuf, recvcounts, op), timeout,
+                                        "Reduce_scatter")
+        res = self._Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
+        if res is not DONE:
+            await res
+
+    def _Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],
+                        op: Op = SUM) -> Awaitable[None]:
+        """Start :meth:`Reduce_scatter` (checks first): what to await, or DONE."""
         if recvcounts is None:
             raise TypeError("Reduce_scatter: recvcounts is required")
         return self._reduce_scatter(sendbuf, recvbuf, recvcounts, op)
@@ -638,13 +824,31 @@ class Collectives:
         ch = self._chan(name, send)
         return self._run(ch, alg.scan(ch, send, recv, ufunc, exclusive))
 
-    def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
+    async def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
+                   timeout: float | None = None) -> None:
         """Inclusive prefix reduction: rank ``i`` gets ``op`` over ranks ``0..i``."""
+        if timeout is not None:
+            return await self._deadline(self._Scan, (sendbuf, recvbuf, op), timeout, "Scan")
+        res = self._Scan(sendbuf, recvbuf, op)
+        if res is not DONE:
+            await res
+
+    def _Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
+        """Start :meth:`Scan` (checks first): what to await, or DONE."""
         return self._scan(sendbuf, recvbuf, op, False)
 
-    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
+    async def Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
+                     timeout: float | None = None) -> None:
         """Exclusive prefix reduction over ranks ``0..i-1`` (rank 0's ``recvbuf`` is
         left as it was)."""
+        if timeout is not None:
+            return await self._deadline(self._Exscan, (sendbuf, recvbuf, op), timeout, "Exscan")
+        res = self._Exscan(sendbuf, recvbuf, op)
+        if res is not DONE:
+            await res
+
+    def _Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
+        """Start :meth:`Exscan` (checks first): what to await, or DONE."""
         return self._scan(sendbuf, recvbuf, op, True)
 
     def Iscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
@@ -654,7 +858,7 @@ class Collectives:
         return self._request(self._scan(sendbuf, recvbuf, op, True))
 
     # ============================================================== barrier
-    def barrier(self, *, timeout: float | None = None) -> Awaitable[None]:
+    async def barrier(self, *, timeout: float | None = None) -> None:
         """Block until every rank of the communicator has entered the barrier.
 
         Dissemination algorithm: ceil(log2(size)) rounds of zero-byte messages.
@@ -663,8 +867,44 @@ class Collectives:
         ------
         ClosedError, PeerFailure, CommTimeoutError
         """
+        if timeout is not None:
+            return await self._deadline(self.barrier, (), timeout, "barrier")
         self._check_open()
-        return within(self._barrier(), timeout, "barrier")
+        await self._barrier()
+
+    async def _deadline(self, call: Callable[..., Any], args: tuple[Any, ...],
+                        timeout: Any, what: str) -> Any:
+        """Collective ``call(*args)`` within ``timeout`` seconds. When it runs out, the
+        ranks' collectives are out of step for good (this rank gave up on one the
+        others may still be in, or were never in): the communicator takes no further
+        collective (``Group.out_of_step`` says why; every collective's sequence number
+        is refused) while point-to-point goes on working. What the abandoned collective
+        had posted is withdrawn (its buffers are not written afterwards).
+
+        Raises
+        ------
+        CommTimeoutError
+            ``timeout`` ran out.
+        ValueError, TypeError
+            A bad ``timeout`` (before any I/O).
+        """
+        try:
+            async with limit(check_timeout(timeout, what), what):
+                res = call(*args)
+                if res is DONE:
+                    return None
+                return await res
+        except CommTimeoutError:
+            pass
+        g = self._group
+        if g.out_of_step is None:
+            g.out_of_step = (
+                f"{what} timed out after {timeout:g} s on rank {self.rank}, so the ranks' "
+                "collectives on this communicator are out of step: it takes no further "
+                "collective (point-to-point still works; close it, or use another "
+                "communicator)")
+        raise CommTimeoutError(f"{what} did not complete within {timeout:g} s; this "
+                               "communicator takes no further collective")
 
     def ibarrier(self) -> Request:
         """Non-blocking barrier."""
@@ -728,8 +968,10 @@ class Collectives:
             await asyncio.gather(*futs)
         return obj
 
-    async def bcast(self, obj: Any, root: int = 0) -> Any:
+    async def bcast(self, obj: Any, root: int = 0, *, timeout: float | None = None) -> Any:
         """``root``'s object, on every rank (binomial tree)."""
+        if timeout is not None:
+            return await self._deadline(self.bcast, (obj, root), timeout, "bcast")
         self._check_open()
         root = self._group.check_peer(root, "root")
         return await self._bcast_obj(obj, root, self._next_seq())
@@ -754,17 +996,22 @@ class Collectives:
                 return await self._orecv(0, seqs[1])
         return acc
 
-    async def reduce(self, obj: Any, op: Any = SUM, root: int = 0) -> Any:
+    async def reduce(self, obj: Any, op: Any = SUM, root: int = 0, *,
+                     timeout: float | None = None) -> Any:
         """``op`` over every rank's object, in rank order, at ``root`` (None elsewhere).
         ``op`` is a :class:`~ucxcomm.Op` or any callable ``f(a, b)``."""
+        if timeout is not None:
+            return await self._deadline(self.reduce, (obj, op, root), timeout, "reduce")
         self._check_open()
         root = self._group.check_peer(root, "root")
         fn = self._pyop(op)
         seqs = (self._next_seq(), self._next_seq())
         return await self._reduce_obj(obj, fn, root, seqs)
 
-    async def allreduce(self, obj: Any, op: Any = SUM) -> Any:
+    async def allreduce(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
         """``op`` over every rank's object in rank order; the same result everywhere."""
+        if timeout is not None:
+            return await self._deadline(self.allreduce, (obj, op), timeout, "allreduce")
         self._check_open()
         fn = self._pyop(op)
         seqs = (self._next_seq(), self._next_seq())
@@ -782,21 +1029,29 @@ class Collectives:
                 out[q] = await self._orecv(q, seq)
         return out
 
-    async def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+    async def gather(self, obj: Any, root: int = 0, *,
+                     timeout: float | None = None) -> list[Any] | None:
         """Every rank's object, as a list in rank order at ``root`` (None elsewhere)."""
+        if timeout is not None:
+            return await self._deadline(self.gather, (obj, root), timeout, "gather")
         self._check_open()
         root = self._group.check_peer(root, "root")
         return await self._gather_obj(obj, root, self._next_seq())
 
-    async def allgather(self, obj: Any) -> list[Any]:
+    async def allgather(self, obj: Any, *, timeout: float | None = None) -> list[Any]:
         """Every rank's object, as a list in rank order, on every rank."""
+        if timeout is not None:
+            return await self._deadline(self.allgather, (obj,), timeout, "allgather")
         self._check_open()
         seqs = (self._next_seq(), self._next_seq())
         got = await self._gather_obj(obj, 0, seqs[0])
         return await self._bcast_obj(got, 0, seqs[1])
 
-    async def scatter(self, objs: Sequence[Any] | None, root: int = 0) -> Any:
+    async def scatter(self, objs: Sequence[Any] | None, root: int = 0, *,
+                      timeout: float | None = None) -> Any:
         """Rank ``i`` gets ``objs[i]`` from ``root`` (``objs`` is ignored elsewhere)."""
+        if timeout is not None:
+            return await self._deadline(self.scatter, (objs, root), timeout, "scatter")
         self._check_open()
         root = self._group.check_peer(root, "root")
         if self.rank == root:
@@ -815,8 +1070,10 @@ class Collectives:
             await asyncio.gather(*futs)
         return items[root]
 
-    async def alltoall(self, objs: Sequence[Any]) -> list[Any]:
+    async def alltoall(self, objs: Sequence[Any], *, timeout: float | None = None) -> list[Any]:
         """Rank ``i`` sends ``objs[j]`` to rank ``j``; returns what each rank sent here."""
+        if timeout is not None:
+            return await self._deadline(self.alltoall, (objs,), timeout, "alltoall")
         self._check_open()
         if objs is None or len(objs) != self.size:
             raise ValueError(f"alltoall: expected a sequence of {self.size} objects")
@@ -858,10 +1115,14 @@ class Collectives:
             mask <<= 1
         return result
 
-    async def scan(self, obj: Any, op: Any = SUM) -> Any:
+    async def scan(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
         """Inclusive prefix: rank ``i`` gets ``op`` over ranks ``0..i`` (in rank order)."""
+        if timeout is not None:
+            return await self._deadline(self.scan, (obj, op), timeout, "scan")
         return await self._scan_obj(obj, op, False)
 
-    async def exscan(self, obj: Any, op: Any = SUM) -> Any:
+    async def exscan(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
         """Exclusive prefix over ranks ``0..i-1``; None on rank 0."""
+        if timeout is not None:
+            return await self._deadline(self.exscan, (obj, op), timeout, "exscan")
         return await self._scan_obj(obj, op, True)

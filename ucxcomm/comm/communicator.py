@@ -1,24 +1,23 @@
 """``Comm`` (ranks, point-to-point, split/dup, close) and ``World`` (per-process state).
 
 MPI semantics on top of :mod:`ucxcomm.transport` (through the interface of
-:mod:`ucxcomm.transport.base`); this module never touches UCX. A ``Comm`` composes the
-communicator's :class:`~ucxcomm.comm.group.Group` (what its parts share) and its
-:class:`~ucxcomm.comm.collectives.Collectives`, whose public methods it exposes under
-the same names. Lowercase methods move Python objects (pickle protocol 5, array payloads
-out of band), Capitalized methods move raw buffers straight from/into the caller's
-memory.
+:mod:`ucxcomm.transport.base`); this module never touches UCX. A ``Comm`` holds the
+communicator's :class:`~ucxcomm.comm.group.Group` (what its parts share) and *is* a
+:class:`~ucxcomm.comm.collectives.Collectives` (its collectives are its own methods).
+Lowercase methods move Python objects (pickle protocol 5, array payloads out of band),
+Capitalized methods move raw buffers straight from/into the caller's memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
-from .._deadline import check_timeout, limit, within
+from .._deadline import check_timeout, within
 from .._serialize import FRAMED, encode, loads_inline
-from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError, UcxCommError
+from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError
 from ..tags import (
     ANY_SOURCE,
     ANY_TAG,
@@ -29,10 +28,8 @@ from ..tags import (
 from .algorithms import ScratchPool
 from .collectives import Collectives
 from .group import Group, check_int
-from .ops import SUM, Op
 from .pool import FramePool
 from .request import Request, Status
-from .small import DONE
 
 if TYPE_CHECKING:  # annotations only: importing ucxcomm must not load the transport
     from ..transport.base import Link, RecvResult, Transport
@@ -60,7 +57,6 @@ __all__ = ["Comm", "World"]
 
 log = logging.getLogger(__name__)
 
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class World:
@@ -154,35 +150,13 @@ class World:
         self.worker.abort()
 
 
-def _doc(impl: Callable[..., Any]) -> Callable[[_F], _F]:
-    """Decorate a ``Comm`` method that forwards to ``impl`` (a :class:`Collectives`
-    method with the same signature): it gets ``impl``'s docstring."""
-    def apply(method: _F) -> _F:
-        method.__doc__ = impl.__doc__
-        return method
-    return apply
-
-
-class _OutOfStep:
-    """Stands in for a communicator's :class:`Collectives` once one of them timed out
-    (``Comm._deadline``): every collective, blocking or not, raises at the call."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        def refuse(*args: Any, **kwargs: Any) -> Any:
-            raise UcxCommError(f"{name}: {self.reason}")
-
-        return refuse
-
-
-class Comm:
+class Comm(Collectives):
     """A communicator: a group of ranks with its own message space.
 
     Point-to-point methods are defined here; the collectives (``barrier``, ``bcast``,
-    ``Allreduce``, ``Iallreduce``...) are those of
-    :class:`~ucxcomm.comm.collectives.Collectives`, exposed under the same names.
+    ``Allreduce``, ``Iallreduce``...) are inherited from
+    :class:`~ucxcomm.comm.collectives.Collectives` (``collectives.COLLECTIVES`` lists
+    them).
 
     Obtain the world with ``await ucxcomm.init()``; derive others with :meth:`split`
     and :meth:`dup`. Attributes ``rank`` and ``size`` are this process's rank in the
@@ -195,19 +169,15 @@ class Comm:
     """
 
     def __init__(self, world: World, members: tuple[int, ...], cid: int) -> None:
-        g = self._group = Group(world, members, cid)
-        self._coll: Collectives | _OutOfStep = Collectives(g)
-        self.rank = g.rank
-        self.size = g.size
+        g = Group(world, members, cid)
+        Collectives.__init__(self, g)  # (sets _group, _transport, rank, size, _check_open)
         # The per-message paths below read these directly (one attribute, no chain).
         self._world = world
-        self._transport = g.transport
         self._eps = g.eps  # connected endpoints (None: connect with _ep)
         self._ep = g.endpoint
         self._match = g.match
         self._p2p_base = g.p2p_base
         self._frame_seq = g.frame_seq
-        self._check_open = g.check_open
         self._check_peer = g.check_peer
         self._check_tag = g.check_tag
         self._check_recv = g.check_recv
@@ -536,10 +506,7 @@ class Comm:
         key = check_int(key, "key")
         world = self._world
         mine = (color, key, world.next_cid)
-        if timeout is None:
-            infos = await self._coll.allgather(mine)
-        else:
-            infos = await self._deadline(self._coll.allgather, (mine,), timeout, "split")
+        infos = await self.allgather(mine, timeout=timeout)
         cid = max(info[2] for info in infos)
         world.next_cid = cid + 1
         if color is None:
@@ -571,8 +538,8 @@ class Comm:
         if self.closed:
             return
         try:
-            if isinstance(self._coll, _OutOfStep):
-                raise CommTimeoutError(self._coll.reason)
+            if self._group.out_of_step is not None:
+                raise CommTimeoutError(self._group.out_of_step)
             await self.barrier(timeout=timeout)
         except (PeerFailure, CommTimeoutError) as exc:
             log.warning("close: not every rank reached close (%s); closing anyway", exc)
@@ -595,297 +562,3 @@ class Comm:
             await self.close()
         else:
             self.abort()
-
-    # ------------------------------------------------------------- collectives
-    # Each forwards to the method of the same name and signature of Collectives (one
-    # explicit call: a generic ``*args, **kwargs`` forwarder cost ~0.45 us per call in a
-    # microbenchmark here, a tenth of the small-Allreduce path's own CPU time).
-    @_doc(Collectives.Bcast)
-    async def Bcast(self, buf: Any, root: int = 0, *, timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Bcast, (buf, root), timeout, "Bcast")
-        res = self._coll.Bcast(buf, root)
-        if res is not DONE:
-            await res
-
-    @_doc(Collectives.Ibcast)
-    def Ibcast(self, buf: Any, root: int = 0) -> Request:
-        return self._coll.Ibcast(buf, root)
-
-    @_doc(Collectives.Reduce)
-    async def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
-                     timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Reduce, (sendbuf, recvbuf, op, root),
-                                        timeout, "Reduce")
-        await self._coll.Reduce(sendbuf, recvbuf, op, root)
-
-    @_doc(Collectives.Ireduce)
-    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> Request:
-        return self._coll.Ireduce(sendbuf, recvbuf, op, root)
-
-    @_doc(Collectives.Allreduce)
-    async def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
-                        timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Allreduce, (sendbuf, recvbuf, op),
-                                        timeout, "Allreduce")
-        res = self._coll.Allreduce(sendbuf, recvbuf, op)
-        if res is not DONE:
-            await res
-
-    @_doc(Collectives.Iallreduce)
-    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
-        return self._coll.Iallreduce(sendbuf, recvbuf, op)
-
-    @_doc(Collectives.Gather)
-    async def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
-                     timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Gather, (sendbuf, recvbuf, root),
-                                        timeout, "Gather")
-        await self._coll.Gather(sendbuf, recvbuf, root)
-
-    @_doc(Collectives.Gatherv)
-    async def Gatherv(self, sendbuf: Any, recvspec: Any, root: int = 0, *,
-                      timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Gatherv, (sendbuf, recvspec, root),
-                                        timeout, "Gatherv")
-        await self._coll.Gatherv(sendbuf, recvspec, root)
-
-    @_doc(Collectives.Igather)
-    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        return self._coll.Igather(sendbuf, recvbuf, root)
-
-    @_doc(Collectives.Igatherv)
-    def Igatherv(self, sendbuf: Any, recvspec: Any, root: int = 0) -> Request:
-        return self._coll.Igatherv(sendbuf, recvspec, root)
-
-    @_doc(Collectives.Scatter)
-    async def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
-                      timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Scatter, (sendbuf, recvbuf, root),
-                                        timeout, "Scatter")
-        await self._coll.Scatter(sendbuf, recvbuf, root)
-
-    @_doc(Collectives.Scatterv)
-    async def Scatterv(self, sendspec: Any, recvbuf: Any, root: int = 0, *,
-                       timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Scatterv, (sendspec, recvbuf, root),
-                                        timeout, "Scatterv")
-        await self._coll.Scatterv(sendspec, recvbuf, root)
-
-    @_doc(Collectives.Iscatter)
-    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        return self._coll.Iscatter(sendbuf, recvbuf, root)
-
-    @_doc(Collectives.Iscatterv)
-    def Iscatterv(self, sendspec: Any, recvbuf: Any, root: int = 0) -> Request:
-        return self._coll.Iscatterv(sendspec, recvbuf, root)
-
-    @_doc(Collectives.Allgather)
-    async def Allgather(self, sendbuf: Any, recvbuf: Any, *, timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Allgather, (sendbuf, recvbuf),
-                                        timeout, "Allgather")
-        res = self._coll.Allgather(sendbuf, recvbuf)
-        if res is not DONE:
-            await res
-
-    @_doc(Collectives.Allgatherv)
-    async def Allgatherv(self, sendbuf: Any, recvspec: Any, *,
-                         timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Allgatherv, (sendbuf, recvspec),
-                                        timeout, "Allgatherv")
-        await self._coll.Allgatherv(sendbuf, recvspec)
-
-    @_doc(Collectives.Iallgather)
-    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:
-        return self._coll.Iallgather(sendbuf, recvbuf)
-
-    @_doc(Collectives.Iallgatherv)
-    def Iallgatherv(self, sendbuf: Any, recvspec: Any) -> Request:
-        return self._coll.Iallgatherv(sendbuf, recvspec)
-
-    @_doc(Collectives.Alltoall)
-    async def Alltoall(self, sendbuf: Any, recvbuf: Any, *, timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Alltoall, (sendbuf, recvbuf),
-                                        timeout, "Alltoall")
-        res = self._coll.Alltoall(sendbuf, recvbuf)
-        if res is not DONE:
-            await res
-
-    @_doc(Collectives.Alltoallv)
-    async def Alltoallv(self, sendspec: Any, recvspec: Any, *,
-                        timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Alltoallv, (sendspec, recvspec),
-                                        timeout, "Alltoallv")
-        await self._coll.Alltoallv(sendspec, recvspec)
-
-    @_doc(Collectives.Ialltoall)
-    def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
-        return self._coll.Ialltoall(sendbuf, recvbuf)
-
-    @_doc(Collectives.Ialltoallv)
-    def Ialltoallv(self, sendspec: Any, recvspec: Any) -> Request:
-        return self._coll.Ialltoallv(sendspec, recvspec)
-
-    @_doc(Collectives.Reduce_scatter_block)
-    async def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
-                                   timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Reduce_scatter_block, (sendbuf, recvbuf, op),
-                                        timeout, "Reduce_scatter_block")
-        res = self._coll.Reduce_scatter_block(sendbuf, recvbuf, op)
-        if res is not DONE:
-            await res
-
-    @_doc(Collectives.Reduce_scatter)
-    async def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],
-                             op: Op = SUM, *, timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Reduce_scatter,
-                                        (sendbuf, recvbuf, recvcounts, op), timeout,
-                                        "Reduce_scatter")
-        await self._coll.Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
-
-    @_doc(Collectives.Ireduce_scatter_block)
-    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
-        return self._coll.Ireduce_scatter_block(sendbuf, recvbuf, op)
-
-    @_doc(Collectives.Ireduce_scatter)
-    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],
-                        op: Op = SUM) -> Request:
-        return self._coll.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op)
-
-    @_doc(Collectives.Scan)
-    async def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
-                   timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Scan, (sendbuf, recvbuf, op), timeout, "Scan")
-        await self._coll.Scan(sendbuf, recvbuf, op)
-
-    @_doc(Collectives.Exscan)
-    async def Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
-                     timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.Exscan, (sendbuf, recvbuf, op),
-                                        timeout, "Exscan")
-        await self._coll.Exscan(sendbuf, recvbuf, op)
-
-    @_doc(Collectives.Iscan)
-    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
-        return self._coll.Iscan(sendbuf, recvbuf, op)
-
-    @_doc(Collectives.Iexscan)
-    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
-        return self._coll.Iexscan(sendbuf, recvbuf, op)
-
-    @_doc(Collectives.barrier)
-    async def barrier(self, *, timeout: float | None = None) -> None:
-        if timeout is not None:
-            return await self._deadline(self._coll.barrier, (), timeout, "barrier")
-        await self._coll.barrier()
-
-    async def _deadline(self, call: Callable[..., Any], args: tuple[Any, ...],
-                        timeout: Any, what: str) -> Any:
-        """Collective ``call(*args)`` within ``timeout`` seconds. When it runs out, the
-        ranks' collectives are out of step for good (this rank gave up on one the
-        others may still be in, or were never in): this communicator takes no further
-        collective and says why, while point-to-point goes on working. What the
-        abandoned collective had posted is withdrawn (its buffers are not written
-        afterwards).
-
-        Raises
-        ------
-        CommTimeoutError
-            ``timeout`` ran out.
-        ValueError, TypeError
-            A bad ``timeout`` (before any I/O).
-        """
-        coll = self._coll
-        try:
-            async with limit(check_timeout(timeout, what), what):
-                res = call(*args)
-                if res is DONE:
-                    return None
-                return await res
-        except CommTimeoutError:
-            pass
-        if self._coll is coll:
-            self._coll = _OutOfStep(
-                f"{what} timed out after {timeout:g} s on rank {self.rank}, so the ranks' "
-                "collectives on this communicator are out of step: it takes no further "
-                "collective (point-to-point still works; close it, or use another "
-                "communicator)")
-        raise CommTimeoutError(f"{what} did not complete within {timeout:g} s; this "
-                               "communicator takes no further collective")
-
-    @_doc(Collectives.ibarrier)
-    def ibarrier(self) -> Request:
-        return self._coll.ibarrier()
-
-    Ibarrier = ibarrier
-
-    @_doc(Collectives.bcast)
-    async def bcast(self, obj: Any, root: int = 0, *, timeout: float | None = None) -> Any:
-        if timeout is not None:
-            return await self._deadline(self._coll.bcast, (obj, root), timeout, "bcast")
-        return await self._coll.bcast(obj, root)
-
-    @_doc(Collectives.reduce)
-    async def reduce(self, obj: Any, op: Any = SUM, root: int = 0, *,
-                     timeout: float | None = None) -> Any:
-        if timeout is not None:
-            return await self._deadline(self._coll.reduce, (obj, op, root), timeout, "reduce")
-        return await self._coll.reduce(obj, op, root)
-
-    @_doc(Collectives.allreduce)
-    async def allreduce(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
-        if timeout is not None:
-            return await self._deadline(self._coll.allreduce, (obj, op), timeout, "allreduce")
-        return await self._coll.allreduce(obj, op)
-
-    @_doc(Collectives.gather)
-    async def gather(self, obj: Any, root: int = 0, *,
-                     timeout: float | None = None) -> list[Any] | None:
-        if timeout is not None:
-            return await self._deadline(self._coll.gather, (obj, root), timeout, "gather")
-        return await self._coll.gather(obj, root)
-
-    @_doc(Collectives.allgather)
-    async def allgather(self, obj: Any, *, timeout: float | None = None) -> list[Any]:
-        if timeout is not None:
-            return await self._deadline(self._coll.allgather, (obj,), timeout, "allgather")
-        return await self._coll.allgather(obj)
-
-    @_doc(Collectives.scatter)
-    async def scatter(self, objs: Sequence[Any] | None, root: int = 0, *,
-                      timeout: float | None = None) -> Any:
-        if timeout is not None:
-            return await self._deadline(self._coll.scatter, (objs, root), timeout, "scatter")
-        return await self._coll.scatter(objs, root)
-
-    @_doc(Collectives.alltoall)
-    async def alltoall(self, objs: Sequence[Any], *, timeout: float | None = None) -> list[Any]:
-        if timeout is not None:
-            return await self._deadline(self._coll.alltoall, (objs,), timeout, "alltoall")
-        return await self._coll.alltoall(objs)
-
-    @_doc(Collectives.scan)
-    async def scan(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
-        if timeout is not None:
-            return await self._deadline(self._coll.scan, (obj, op), timeout, "scan")
-        return await self._coll.scan(obj, op)
-
-    @_doc(Collectives.exscan)
-    async def exscan(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
-        if timeout is not None:
-            return await self._deadline(self._coll.exscan, (obj, op), timeout, "exscan")
-        return await self._coll.exscan(obj, op)

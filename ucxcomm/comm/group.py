@@ -14,7 +14,7 @@ import numbers
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .._serialize import FRAMED, Header, decode_header, encode, loads, loads_inline
-from ..errors import ClosedError
+from ..errors import ClosedError, UcxCommError
 from ..tags import (
     ANY_SOURCE,
     ANY_TAG,
@@ -79,14 +79,17 @@ class Group:
         :meth:`check_open`).
     label : str
         How the communicator names itself in messages and ``repr``.
+    out_of_step : str or None
+        Why the communicator takes no further collective (a collective of it timed
+        out: the ranks' collectives are out of step), else None.
     match_cache : dict
         ``(kind, source, tag) -> (ucx_tag, mask, peers)`` of receives checked before
         (:meth:`match`; the compiled point-to-point path reads it).
     """
 
     __slots__ = ("_coll_seq", "cid", "closed", "eps", "frame_seq", "label", "match_cache",
-                 "members", "p2p_base", "peer_sets", "peers_all", "rank", "scratch", "size",
-                 "transport", "world")
+                 "members", "out_of_step", "p2p_base", "peer_sets", "peers_all", "rank",
+                 "scratch", "size", "transport", "world")
 
     def __init__(self, world: World, members: tuple[int, ...], cid: int) -> None:
         if cid > MAX_CID:
@@ -106,6 +109,7 @@ class Group:
         self.closed = False
         self.label = f"<ucxcomm.Comm cid={cid} rank={self.rank} size={self.size}>"
         self._coll_seq = 0
+        self.out_of_step: str | None = None
         self.match_cache: dict[tuple[int, int, int], tuple[int, int, frozenset]] = {}
 
     def __repr__(self) -> str:
@@ -175,7 +179,10 @@ class Group:
 
     def next_seq(self) -> int:
         """The next collective's sequence number (every rank calls collectives in the
-        same order, so they agree)."""
+        same order, so they agree). Every collective takes one once its arguments are
+        checked, so this is where one on an out-of-step communicator is refused."""
+        if self.out_of_step is not None:
+            raise UcxCommError(self.out_of_step)
         seq = self._coll_seq
         self._coll_seq = (seq + 1) & TAG_UB
         return seq

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ClosedError, TruncationError
-from ..tags import KIND_COLL, make_tag
+from ..errors import TruncationError
 from .algorithms import Chan, _whole
 
 if TYPE_CHECKING:
@@ -78,24 +77,13 @@ class SmallCollectives:
         self._peers = [q for q in range(group.size) if q != group.rank]
         self._scratch: dict[tuple[Any, int], np.ndarray] = {}
         self._pair: dict[tuple[Any, Any], tuple[np.ndarray, Any]] = {}  # (scratch, target)
-        # Two ranks: this rank's collective send tag and the peer's, sequence number 0
-        # (a call ORs its sequence number in, as Chan's make_tag does).
-        self._stag0 = make_tag(group.cid, KIND_COLL, group.rank, 0)
-        self._rtag0 = make_tag(group.cid, KIND_COLL, 1 - group.rank, 0) if group.size == 2 else 0
 
-    async def pair_wait(self, rest: tuple[Any, Any, int, Any], what: str) -> None:
-        """Finish a compiled small collective (``comm/_fast.pyx``'s ``PairCollectives``
-        and ``GroupCollectives``) ``what`` that had to wait: ``rest`` is
-        ``(send future or None, receive result or future or None, sequence number,
-        scratch)``; a receive that overflowed raises TruncationError naming ``what``."""
+    async def wait_rest(self, rest: tuple[Any, Any, int, Any], what: str) -> None:
+        """Finish a compiled small collective (``comm/_fast.pyx``'s ``FastCollectives``)
+        ``what`` that had to wait: ``rest`` is ``(send futures, receive results or
+        futures or None, sequence number, rows)``; a receive that overflowed raises
+        TruncationError naming ``what``."""
         sent, got, seq, _ = rest
-        if type(sent) is list:  # (three ranks or more: every send and receive)
-            return await self._wait_rest(sent, got, seq, what)
-        await self._wait_rest(() if sent is None else (sent,), (got,), seq, what)
-
-    async def _wait_rest(self, sent: Any, got: Any, seq: int, what: str) -> None:
-        """Wait for the send futures ``sent`` and the receive results or futures ``got``
-        (None: nothing to wait for) of compiled call ``seq``."""
         ch = Chan(self._group, seq, what)
         ch.sends.extend(sent)
         for r in got:
@@ -116,48 +104,22 @@ class SmallCollectives:
                 except TruncationError as exc:
                     raise ch._named(exc) from None
 
-    def allreduce_rest(self, rest: tuple[Any, Any, int, bytearray], send: Any,
-                       recv: np.ndarray) -> Any:
-        """Finish a compiled Allreduce (two ranks or more) that had to wait."""
-        if self.size == 2:
-            return self.pair_rest(rest, send, recv)
-        return self._group_rest(rest, recv)
-
-    async def _group_rest(self, rest: tuple[Any, Any, int, bytearray],
-                          recv: np.ndarray) -> None:
-        sends, got, seq, rows = rest
-        await self._wait_rest(sends, got, seq, "Allreduce")
+    async def allreduce_rest(self, rest: tuple[Any, Any, int, bytearray],
+                             recv: np.ndarray) -> None:
+        """Finish a compiled Allreduce that had to wait: the rows, once every receive
+        is done, folded in rank order as the compiled call does."""
+        await self.wait_rest(rest, "Allreduce")
         n = recv.size
-        _fold(np.add, np.frombuffer(rows, recv.dtype, self.size * n).reshape(self.size, n),
+        _fold(np.add, np.frombuffer(rest[3], recv.dtype, self.size * n).reshape(self.size, n),
               recv.reshape(-1))
 
-    async def pair_rest(self, rest: tuple[Any, Any, int, bytearray], send: Any,
-                        recv: np.ndarray) -> None:
-        """Finish a compiled two-rank Allreduce that had to wait (the scratch holds the
-        peer's message once the receive is done)."""
-        await self.pair_wait(rest, "Allreduce")
-        src = recv if type(send) is not np.ndarray else send  # (IN_PLACE)
-        tmp = np.frombuffer(rest[3], recv.dtype, recv.size).reshape(recv.shape)
-        if self.rank == 0:
-            np.add(src, tmp, out=recv)
-        else:
-            np.add(tmp, src, out=recv)
-
-    async def pair_rsb_rest(self, rest: tuple[Any, Any, int, bytearray], send: np.ndarray,
-                            recv: np.ndarray) -> None:
+    async def rsb_rest(self, rest: tuple[Any, Any, int, bytearray], send: np.ndarray,
+                       recv: np.ndarray) -> None:
         """Finish a compiled Reduce_scatter_block that had to wait."""
-        await self.pair_wait(rest, "Reduce_scatter_block")
+        await self.wait_rest(rest, "Reduce_scatter_block")
         n = send.size // self.size
-        if self.size > 2:
-            rows = np.frombuffer(rest[3], send.dtype, self.size * n).reshape(self.size, n)
-            return _fold(np.add, rows, recv.reshape(-1)[:n])
-        mine = send.reshape(-1)[self.rank * n:(self.rank + 1) * n]
-        tmp = np.frombuffer(rest[3], send.dtype, n)
-        out = recv.reshape(-1)[:n]
-        if self.rank == 0:
-            np.add(mine, tmp, out=out)
-        else:
-            np.add(tmp, mine, out=out)
+        rows = np.frombuffer(rest[3], send.dtype, self.size * n).reshape(self.size, n)
+        _fold(np.add, rows, recv.reshape(-1)[:n])
 
     def usable(self, nbytes: int) -> bool:
         return 1 < self.size <= SMALL_MAX_RANKS and nbytes <= SMALL_MAX
@@ -294,55 +256,6 @@ class SmallCollectives:
         else:
             ufunc(tmp, send, out=recv)
         self._pair[(send.dtype, send.shape)] = (tmp, tmp_target)
-
-    def allreduce_now(self, send: np.ndarray, recv: np.ndarray, ufunc: Any) -> Any:
-        """Two ranks, for a caller that awaits at once (``Allreduce``): the exchange is
-        one call into the compiled engine, which sends, then waits for the peer's
-        message in place. When both finish there, the reduction runs here and
-        :data:`DONE` is returned (nothing was scheduled); otherwise an awaitable that
-        finishes the call like :meth:`allreduce`.
-
-        Same messages, tags and results as :meth:`allreduce` (a peer may run either).
-        Raises ClosedError / PeerFailure here rather than from the await."""
-        g = self._group
-        if g.closed or g.world.closed:
-            raise ClosedError(f"{g.label} is closed")
-        seq = g.next_seq()
-        key = (send.dtype, send.shape)
-        cached = self._pair.pop(key, None)
-        if cached is None:
-            tmp = np.empty(send.shape, send.dtype)
-            cached = (tmp, self._transport.recv_ptr(tmp))
-        peer = 1 - self.rank
-        ep = g.eps[peer]
-        if ep is None:
-            ep = g.endpoint(peer)
-        res = ep.exchange(self._transport.send_ptr(send), self._stag0 | seq, cached[1],
-                          self._rtag0 | seq, g.peers_all)
-        if res is not None:
-            return self._allreduce_rest(seq, res, send, recv, ufunc, cached, True)
-        if self.rank == 0:
-            ufunc(send, cached[0], out=recv)
-        else:
-            ufunc(cached[0], send, out=recv)
-        self._pair[key] = cached
-        return DONE
-
-    async def _allreduce_rest(self, seq: int, res: tuple[Any, Any], send: np.ndarray,
-                              recv: np.ndarray, ufunc: Any,
-                              cached: tuple[np.ndarray, Any], reuse: bool) -> None:
-        """The rest of :meth:`allreduce_now` (call ``seq``) when its exchange has to wait
-        (or the message did not fit): as :meth:`_allreduce_pair` from its wait on.
-        ``reuse``: put ``cached`` (scratch, receive target) back for later calls."""
-        sent, got = res
-        await self._wait_rest(() if sent is None else (sent,), (got,), seq, "Allreduce")
-        tmp = cached[0]
-        if self.rank == 0:
-            ufunc(send, tmp, out=recv)
-        else:
-            ufunc(tmp, send, out=recv)
-        if reuse:
-            self._pair[(send.dtype, send.shape)] = cached
 
     def _pair_scratch(self, dtype: Any, shape: Any) -> tuple[np.ndarray, Any]:
         """Scratch of ``shape`` and its receive target (reused: put it back in

@@ -683,33 +683,16 @@ cdef class TagEngine:
         op.alloc = True
         return self.c_post_match(op, spin)
 
-    def exchange(self, uintptr_t ep, tuple st, uint64_t stag, object speers, bint fast,
-                 tuple rt, uint64_t rtag, object rpeers):
-        """One exchange with one peer in a single call: post the send of target ``st``
-        (tag ``stag``), then the matched-probe receive of the message tagged exactly
-        ``rtag`` into target ``rt``, waiting for it in place (``recv_into`` with
-        ``spin``). Two-rank collectives are one exchange each.
-
-        Returns ``None`` when both finished here and the message filled ``rt``
-        exactly, else ``(send, receive)``: the send's future or None, and the receive's
-        ``(sender_tag, nbytes, capacity)`` or future (the caller waits for those and
-        checks the size).
-        """
-        cdef Op op = _target_op(rt, rtag, FULL_MASK, rpeers)
-        res = self.c_exchange(ep, <uintptr_t>st[0], <size_t>st[1], st[2], stag, speers, fast,
-                             op)
-        if res[0] is None and type(res[1]) is tuple and op.length == op.cap:
-            return None
-        return res
-
     def ep_send(self, uintptr_t handle, peers, bint fast):
         """An :class:`EpSend` for the endpoint with UCX handle ``handle``."""
         return EpSend(self, handle, peers, fast)
 
     cdef tuple c_exchange(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
                           uint64_t stag, object speers, bint fast, Op op):
-        """:meth:`exchange` from a send buffer and a prepared receive: ``(send future or
-        None, receive result or future)``."""
+        """One exchange with one peer in a single call: post the send of ``n`` bytes at
+        ``ptr`` (tag ``stag``), then the matched-probe receive ``op`` (prepared by the
+        caller), waiting for it in place: ``(send future or None, receive result or
+        future)``. Two-rank collectives are one exchange each."""
         sent = self.c_send_to(ep, ptr, n, keep, stag, speers, fast)
         return sent, self.c_post_match(op, True)
 

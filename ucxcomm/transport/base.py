@@ -66,14 +66,6 @@ class Link(ABC):
         """Like :meth:`isend` for a target made by :meth:`Transport.send_ptr`."""
 
     @abstractmethod
-    def exchange(self, send: Target, stag: int, recv: Target, rtag: int,
-                 rpeers: Any) -> Any:
-        """Send ``send`` with tag ``stag`` and receive the peer's message tagged exactly
-        ``rtag`` into ``recv`` in one call, waiting for it in place (two-rank
-        collectives): ``None`` when both finished, else ``(send future or None,
-        receive result or future)`` (see ``Worker.exchange``)."""
-
-    @abstractmethod
     def transports(self) -> list[tuple[str, str]]:
         """The (transport, device) lanes UCX chose, e.g. ``[("posix", "memory")]``."""
 

@@ -1,7 +1,7 @@
 """``Endpoint``: a UCX endpoint from our worker to one peer worker.
 
 An endpoint carries raw 64-bit tags: the communicator layer's :class:`~.base.Link`
-(``isend``, ``exchange``, and ``sender`` for compiled callers) and ``send``/``recv`` on an
+(``isend``, and ``sender`` for compiled callers) and ``send``/``recv`` on an
 endpoint from a worker address. The rank-less connections of :mod:`ucxcomm.pipes`
 (tags scoped per connection, objects, streams, signals) derive from it.
 """
@@ -35,8 +35,6 @@ class _Owner(Protocol):
     def send_raw(self, ep_handle: int, target: Target, tag: int, peers: Peers,
                  fast: bool = False) -> asyncio.Future | None: ...
     def send_ptr(self, obj: Any) -> Target: ...
-    def exchange(self, ep_handle: int, send: Target, stag: int, speers: Peers, fast: bool,
-                 recv: Target, rtag: int, rpeers: Peers) -> Any: ...
     def recv_ptr(self, obj: Any) -> Target: ...
     def recv_into(self, target: Target, tag: int, mask: int, peers: Peers,
                   finish: Callable[[RecvResult], Any] | None = None,
@@ -117,14 +115,6 @@ class Endpoint(Link):
         if self._closed:
             raise ClosedError("the endpoint is closed")
         return self._worker.send_raw(self._handle, target, tag, self._peers, self._fast)
-
-    def exchange(self, send: tuple[Any, int, Any, bool], stag: int,
-                 recv: tuple[Any, int, Any, bool], rtag: int, rpeers: Any) -> Any:
-        """See :meth:`Link.exchange` (one crossing into the compiled engine)."""
-        if self._closed:
-            raise ClosedError("the endpoint is closed")
-        return self._worker.exchange(self._handle, send, stag, self._peers, self._fast,
-                                     recv, rtag, rpeers)
 
     def remote_memory(self, rkey: bytes, address: int, nbytes: int) -> Remote:
         """The peer's registered memory (``rkey``, ``address`` and ``nbytes`` from its

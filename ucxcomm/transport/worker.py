@@ -373,7 +373,6 @@ class Worker(Transport):
     subtarget: _Engine[Callable[..., Target]] = _Engine()
     send: _Engine[Callable[..., asyncio.Future | None]] = _Engine()
     send_raw: _Engine[Callable[..., asyncio.Future | None]] = _Engine()
-    exchange: _Engine[Callable[..., Any]] = _Engine()
     tag_recv: _Engine[Callable[..., asyncio.Future | None]] = _Engine()
     recv_posted: _Engine[Callable[..., RecvResult | asyncio.Future]] = _Engine()
     probe: _Engine[Callable[..., tuple[int, int] | None]] = _Engine()
