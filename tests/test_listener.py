@@ -307,3 +307,34 @@ async def test_remote_memory_between_processes():
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_a_worker_carries_a_communicator_or_connections_never_both():
+    """UCX matches tags across a worker, and a connection's namespace fills the tag's
+    upper 32 bits, where a communicator's contexts live: on a shared worker a peer of a
+    listener could address the communicator's receives. listen/connect refuse the
+    world's worker (ValueError, before anything binds or connects), and a worker that
+    carries connections cannot carry a world."""
+    from ucxcomm.comm.communicator import World
+    from ucxcomm.transport.worker import Worker
+
+    async def handler(ep):
+        raise AssertionError("no connection may reach this handler")
+
+    worker = Worker()
+    try:
+        world = World(worker, 0, 1, [worker.address])
+        for call in (lambda: ucxcomm.transport.listen(handler, worker=worker),
+                     lambda: ucxcomm.transport.connect("127.0.0.1", 9, worker=worker)):
+            with pytest.raises(ValueError, match="carries communicator messages"):
+                await call()
+        await world.close()
+    finally:
+        await worker.close()
+    other = Worker()
+    try:
+        async with await ucxcomm.transport.listen(handler, worker=other):
+            with pytest.raises(ValueError, match="carries connections messages"):
+                World(other, 0, 1, [other.address])
+    finally:
+        await other.close()

@@ -67,6 +67,7 @@ class World:
 
     def __init__(self, worker: Transport, rank: int, size: int,
                  addresses: list[bytes], hosts: list[bytes] | None = None) -> None:
+        worker.carry("communicator")  # (no connection may share its tags)
         self.worker = worker
         self.rank = rank
         self.size = size

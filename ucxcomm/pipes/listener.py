@@ -186,8 +186,9 @@ _registries: weakref.WeakKeyDictionary[Worker, _Connections] = weakref.WeakKeyDi
 def _connections(worker: Worker) -> _Connections:
     reg = _registries.get(worker)
     if reg is None:
-        # Only workers that carry nothing but connections are swept (a worker passed
-        # in by the caller may carry other tags: a communicator's).
+        # Only our own workers are swept (a worker passed in by the caller carries only
+        # connections too, Worker.carry sees to that, but what else it is for is the
+        # caller's).
         own = worker in _workers.values() or worker in _loopback_workers.values()
         reg = _registries[worker] = _Connections(worker, own)
     return reg
@@ -527,7 +528,9 @@ async def listen(handler: Callable[[Connection], Awaitable[Any]], port: int = 0,
     ------
     ValueError
         Bad ``port``, ``timeout`` or ``token``; a non-loopback ``host`` without
-        ``token`` or ``insecure=True`` (before anything binds).
+        ``token`` or ``insecure=True``; a ``worker`` that carries a communicator
+        (``ucxcomm.init``'s: connections need a worker of their own, see
+        ``Worker.carry``) (before anything binds).
     TypeError
         ``host`` is not a non-empty string.
     UcxCommError
@@ -542,7 +545,9 @@ async def listen(handler: Callable[[Connection], Awaitable[Any]], port: int = 0,
         raise ValueError(f"listen: host={host!r} is reachable from other hosts; pass "
                          "token= (a secret the clients share) or insecure=True to accept "
                          "anyone who can reach the port")
-    listener = Listener(worker or _worker(is_loopback(host)), handler, secret, timeout)
+    worker = worker or _worker(is_loopback(host))
+    worker.carry("connections")  # (ValueError for a communicator's worker)
+    listener = Listener(worker, handler, secret, timeout)
     # ("localhost" would bind 127.0.0.1 and ::1, on two different ports when port=0)
     return await listener._start("127.0.0.1" if host == "localhost" else host, port)
 
@@ -558,7 +563,8 @@ async def connect(host: str, port: int, *, token: str | bytes | None = None,
     ------
     TypeError, ValueError
         ``host`` is not a non-empty string, ``port`` not in [1, 65535], a bad
-        ``timeout`` or ``token`` (before any I/O).
+        ``timeout`` or ``token``, a ``worker`` that carries a communicator (before any
+        I/O).
     AuthenticationError
         The listener wants a token and ours is missing or different, or we have a token
         and the listener none.
@@ -582,6 +588,7 @@ async def connect(host: str, port: int, *, token: str | bytes | None = None,
     worker = worker or _worker(is_loopback(host))
     if worker.closed:
         raise ClosedError("the worker is closed")
+    worker.carry("connections")  # (ValueError for a communicator's worker)
     writer = None
     ep = None
     try:

@@ -170,6 +170,12 @@ class Transport(ABC):
     @abstractmethod
     def closed(self) -> bool: ...
 
+    @abstractmethod
+    def carry(self, layout: str) -> None:
+        """Declare the tag layout this worker carries (``"communicator"`` or
+        ``"connections"``, :mod:`ucxcomm.tags`); ``ValueError`` if it carries the other
+        (UCX matches tags across a worker: the two must not share one)."""
+
     @property
     @abstractmethod
     def engine(self) -> Any:

@@ -188,6 +188,7 @@ class Worker(Transport):
     def __init__(self, config: dict[str, str] | None = None, *,
                  spin_us: float | None = None, plan: Plan | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._carries: str | None = None  # see carry()
         self._plan = plan if plan is not None else prepare(policy_from())
         self.options = {**self._plan.config, **(config or {})}
         pin_mmap_threshold()
@@ -384,6 +385,29 @@ class Worker(Transport):
     # A progress source (ucxcomm.transport.progress.Source): pending and poll too.
     pending: _Engine[Callable[[], bool]] = _Engine()
     poll: _Engine[Callable[[], int]] = _Engine()
+
+    def carry(self, layout: str) -> None:
+        """Declare which of ucxcomm's tag layouts (:mod:`ucxcomm.tags`) this worker
+        carries: ``"communicator"`` (a world's ranks) or ``"connections"`` (rank-less
+        endpoints). A worker carries one: UCX matches tags across the whole worker, so
+        a connection's namespace could overlap a communicator's contexts, and a peer of
+        a listener could then address a communicator's receives.
+
+        Raises
+        ------
+        ValueError
+            The worker already carries the other layout.
+        """
+        if layout not in ("communicator", "connections"):
+            raise ValueError(f"unknown tag layout {layout!r}")
+        carried = self._carries
+        if carried is None:
+            self._carries = layout
+        elif carried != layout:
+            raise ValueError(
+                f"this worker carries {carried} messages: UCX matches tags across a "
+                f"worker, so it cannot carry {layout} too (connections need a worker of "
+                "their own: leave worker= out, or pass a Worker made for them)")
 
     @property
     def engine(self) -> Any:
