@@ -224,7 +224,7 @@ async def recv_object(data: Any, recv_frames: Callable[[Header], Awaitable[list[
 
     Every field is checked before it is used: ``header.sizes`` is bounded by
     :data:`MAX_FRAMES` and :data:`MAX_FRAME_BYTES` and, with ``max_bytes``, their sum
-    too; ``codec`` (None: either) is the only codec accepted. A receiver that does not
+    too; with ``codec``, only that codec is accepted (None: either). A receiver that does not
     trust its peer also allocates frames only as they arrive and checks each against
     its announced size, in ``recv_frames`` (as connections do), and checks
     ``header.seq`` against its tag space there.
