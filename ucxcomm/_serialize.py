@@ -1,10 +1,18 @@
-"""The object wire format, with two codecs: pickle and a safe one.
+"""The object codec: the object wire format (two codecs, pickle and a safe one) and the
+one framing pair that every sender and receiver of objects calls.
 
 A message is ``kind + body``. Kinds ``0`` (pickle) and ``2`` (safe) carry the whole
 object inline; kinds ``1`` (pickle) and ``3`` (safe) are *framed*: ``kind, nframes
 (u32), seq (u32), nframes x size (u64), body``, followed on the wire by the ``nframes``
 payload frames (arrays' memory, sent and received without copies). ``seq`` lets the
 receiver post exact receives for the frames of *this* message.
+
+:func:`send_object` and :func:`recv_object` are that framing, written once in the style
+of mpi4py's ``pkl5``: they take the caller's send function and frame-receiving function,
+and the caller's tags (communicators and connections lay out their tags differently:
+:mod:`ucxcomm.tags`). A field of the header is added here only: ``_HDR``, :class:`Header`,
+:func:`decode_header` (which bounds every field before use) and the framed branch of
+:func:`encode`.
 
 * **pickle** (protocol 5, out-of-band buffers): any picklable object. Unpickling runs
   code the sender chooses: only for peers you trust (ranks of a job, authenticated
@@ -24,11 +32,12 @@ from __future__ import annotations
 import pickle
 import re
 import struct
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-__all__ = ["CODECS", "FRAMED", "MAX_FRAMES", "MAX_FRAME_BYTES", "Header", "decode_dtype",
-           "decode_header", "dumps_small", "encode", "encode_dtype", "loads",
-           "loads_inline", "loads_small"]
+__all__ = ["CODECS", "FRAMED", "MAX_FRAMES", "MAX_FRAME_BYTES", "Header", "MalformedObject",
+           "decode_dtype", "decode_header", "dumps_small", "encode", "encode_dtype", "loads",
+           "loads_inline", "loads_small", "recv_object", "send_encoded", "send_object"]
 
 #: The codec names (``codec=`` of ``send_obj``/``recv_obj`` and stream ``meta``).
 CODECS = ("pickle", "safe")
@@ -47,6 +56,17 @@ _loads = pickle.loads
 #: with more out-of-band buffers than MAX_FRAMES is sent with its buffers in-band.
 MAX_FRAMES = 4096
 MAX_FRAME_BYTES = 1 << 40
+
+#: What a send function returns (a future, or None when the send finished at once).
+_Sent = TypeVar("_Sent")
+
+
+class MalformedObject(ValueError):
+    """An object message this side refuses: a malformed or out-of-limits header, another
+    codec than the one accepted, or a malformed safe-codec body. Raised before anything
+    is built from the message, and before anything is allocated for its frames (a
+    connection turns it into :class:`~ucxcomm.ProtocolError`; a ``ValueError`` that
+    unpickling raises is the object's own and is not one)."""
 
 
 def encode(obj: Any, seq: int, codec: str = "pickle") -> tuple[bytes, list[Any]]:
@@ -118,25 +138,25 @@ def decode_header(data: Any) -> Header:
 
     Raises
     ------
-    ValueError
+    MalformedObject
         Not an object message of this format (empty, unknown kind, truncated header,
         more than :data:`MAX_FRAMES` frames or a frame over :data:`MAX_FRAME_BYTES`):
         nothing is allocated for it.
     """
     n = len(data)
     if n == 0:
-        raise ValueError("malformed object message: empty")
+        raise MalformedObject("malformed object message: empty")
     kind = data[0]
     if kind in (_INLINE, _SAFE_INLINE):
         return Header(memoryview(data)[1:], 0, (), _CODEC_OF[kind])
     if kind not in (_FRAMED, _SAFE_FRAMED) or n < _HDR.size:
-        raise ValueError(f"malformed object message: kind {kind}, {n} bytes")
+        raise MalformedObject(f"malformed object message: kind {kind}, {n} bytes")
     _, nframes, seq = _HDR.unpack_from(data, 0)
     if nframes > MAX_FRAMES or n < _HDR.size + 8 * nframes:
-        raise ValueError(f"malformed object message: {nframes} frames in {n} bytes")
+        raise MalformedObject(f"malformed object message: {nframes} frames in {n} bytes")
     sizes = struct.unpack_from(f"<{nframes}Q", data, _HDR.size)
     if any(size > MAX_FRAME_BYTES for size in sizes):
-        raise ValueError(f"malformed object message: a frame of {max(sizes)} bytes")
+        raise MalformedObject(f"malformed object message: a frame of {max(sizes)} bytes")
     return Header(memoryview(data)[_HDR.size + 8 * nframes:], seq, sizes, _CODEC_OF[kind])
 
 
@@ -145,14 +165,90 @@ def loads(header: Header, buffers: list[Any] | None = None) -> Any:
 
     Raises
     ------
-    ValueError
+    MalformedObject
         A safe-codec body that is malformed (the codec's own checks).
     """
     if header.codec == "safe":
-        return _SafeDecoder(header.payload, buffers or []).decode()
+        try:
+            return _SafeDecoder(header.payload, buffers or []).decode()
+        except MalformedObject:
+            raise
+        except ValueError as exc:  # (numpy's, should one slip past the decoder's checks)
+            raise MalformedObject(f"malformed safe-codec message: {exc}") from None
     if not header.sizes:
         return pickle.loads(header.payload)
     return pickle.loads(header.payload, buffers=buffers)
+
+
+# ------------------------------------------------------------- the framing pair
+def send_object(send: Callable[[Any, int], _Sent], obj: Any, tag: int,
+                frame_tag: Callable[[int], int], seq: int,
+                codec: str = "pickle") -> list[_Sent]:
+    """Encode ``obj`` and post its messages through ``send(buffer, tag)``: the first
+    message with ``tag``, then each payload frame with ``frame_tag(seq)``.
+
+    ``send`` is the caller's (a link's ``isend``), and so are the tags. Returns what the
+    ``send`` calls returned, in order; the object went framed, and ``seq`` is spent (the
+    caller moves its counter on), exactly when there is more than one (a framed message
+    has a frame at least). Inline objects take one call of ``send`` and nothing else
+    (the latency-critical path: no further Python frame).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`encode` (before anything is sent); what ``send`` raises.
+    """
+    message, frames = encode(obj, seq, codec)
+    if not frames:
+        return [send(message, tag)]
+    return send_encoded(send, message, frames, tag, frame_tag(seq))
+
+
+def send_encoded(send: Callable[[Any, int], _Sent], message: bytes, frames: list[Any],
+                 tag: int, ftag: int) -> list[_Sent]:
+    """Post what :func:`encode` made: ``message`` with ``tag``, then each of ``frames``
+    with ``ftag`` (the frame tag of the ``seq`` given to :func:`encode`), for a caller
+    that encoded the object itself (to send an inline one its own short way)."""
+    sent = [send(message, tag)]
+    sent.extend(send(frame, ftag) for frame in frames)
+    return sent
+
+
+async def recv_object(data: Any, recv_frames: Callable[[Header], Awaitable[list[Any]]],
+                      codec: str | None = None, max_bytes: int | None = None
+                      ) -> tuple[Any, int]:
+    """``(object, bytes of its payload frames)`` of an object message whose first
+    message ``data`` was received; a framed one's frames come from
+    ``await recv_frames(header)``, the caller's (its tags, its memory), which must
+    return one buffer per size in ``header.sizes``, holding that many bytes.
+
+    Every field is checked before it is used: ``header.sizes`` is bounded by
+    :data:`MAX_FRAMES` and :data:`MAX_FRAME_BYTES` and, with ``max_bytes``, their sum
+    too; with ``codec``, only that codec is accepted (None: either). A receiver that does not
+    trust its peer also allocates frames only as they arrive and checks each against
+    its announced size, in ``recv_frames`` (as connections do), and checks
+    ``header.seq`` against its tag space there.
+
+    Raises
+    ------
+    MalformedObject
+        A malformed or out-of-limits header, another codec, a malformed safe-codec
+        body: before ``recv_frames`` is called, or (the body) before anything is built.
+    Exception
+        What ``recv_frames`` raises; for the pickle codec, what unpickling raises.
+    """
+    header = decode_header(data)
+    if codec is not None and header.codec != codec:
+        raise MalformedObject(f"a {header.codec}-encoded object; this side accepts "
+                              f"codec={codec!r} (pass the same codec= on both sides)")
+    sizes = header.sizes
+    if not sizes:
+        return loads(header), 0
+    total = sum(sizes)
+    if max_bytes is not None and total > max_bytes:
+        raise MalformedObject(f"an object header announcing {total} bytes of frames "
+                              f"(at most {max_bytes})")
+    return loads(header, await recv_frames(header)), total
 
 
 # ---------------------------------------------------------------- the safe codec
@@ -353,8 +449,9 @@ class _SafeDecoder:
         self.pos = 0
         self.used: set[int] = set()
 
-    def fail(self, what: str) -> ValueError:
-        return ValueError(f"malformed safe-codec message: {what} (at byte {self.pos})")
+    def fail(self, what: str) -> MalformedObject:
+        return MalformedObject(f"malformed safe-codec message: {what} (at byte "
+                               f"{self.pos})")
 
     def take(self, n: int) -> memoryview:
         end = self.pos + n

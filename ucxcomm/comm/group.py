@@ -10,10 +10,11 @@ through it too. Everything the transport offers is typed by
 from __future__ import annotations
 
 import asyncio
+import functools
 import numbers
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from .._serialize import FRAMED, Header, decode_header, encode, loads, loads_inline
+from .._serialize import FRAMED, Header, loads_inline, recv_object, send_encoded, send_object
 from ..errors import ClosedError, UcxCommError
 from ..tags import (
     ANY_SOURCE,
@@ -199,24 +200,35 @@ class Group:
             raise
 
     # ------------------------------------------------------- object messages
+    # The framing is ucxcomm._serialize's (send_object/recv_object); what is the
+    # communicator's is below: the tags (first message on (kind, tag), frames on the
+    # frames context with the per-destination sequence number) and pooled frame memory.
+    def frame_tag(self, seq: int) -> int:
+        """The UCX tag of this rank's payload frames of sequence number ``seq``."""
+        return make_tag(self.cid, KIND_FRAMES, self.rank, seq)
+
     def post_send_obj(self, obj: Any, dest: int, kind: int, tag: int
                       ) -> list[asyncio.Future | None]:
         """Post ``obj`` (pickled; ``TypeError`` before any I/O) to ``dest``; the
         operations' futures (None: done at once)."""
-        message, frames = encode(obj, self.frame_seq[dest])
-        return self.send_framed(message, frames, dest, kind, tag)
+        seq = self.frame_seq[dest]
+        futs = send_object(self.endpoint(dest).isend, obj,
+                           make_tag(self.cid, kind, self.rank, tag), self.frame_tag, seq)
+        if len(futs) > 1:  # framed: its sequence number is spent
+            self.frame_seq[dest] = (seq + 1) & TAG_UB
+        return futs
 
     def send_framed(self, message: bytes, frames: list[Any], dest: int, kind: int,
                     tag: int) -> list[asyncio.Future | None]:
-        """Post an encoded object: its first message, then its payload frames."""
+        """Post an object encoded by the caller (``encode(obj, self.frame_seq[dest])``):
+        its first message, then its payload frames."""
         ep = self.endpoint(dest)
-        futs = [ep.isend(message, make_tag(self.cid, kind, self.rank, tag))]
-        if frames:
-            seq = self.frame_seq[dest]
-            self.frame_seq[dest] = (seq + 1) & TAG_UB
-            ftag = make_tag(self.cid, KIND_FRAMES, self.rank, seq)
-            futs.extend(ep.isend(f, ftag) for f in frames)
-        return futs
+        stag = make_tag(self.cid, kind, self.rank, tag)
+        if not frames:
+            return [ep.isend(message, stag)]
+        seq = self.frame_seq[dest]
+        self.frame_seq[dest] = (seq + 1) & TAG_UB
+        return send_encoded(ep.isend, message, frames, stag, self.frame_tag(seq))
 
     def post_recv_obj(self, source: int, kind: int, tag: int, peers: Peers = None,
                       spin: bool = False) -> Posted:
@@ -233,15 +245,17 @@ class Group:
             res = await self.await_recv(res)
         stag, nbytes, data = res
         source, tag = split_tag(stag)
-        obj = loads_inline(data)
-        if obj is not FRAMED:
-            return obj, Status(source, tag, nbytes)
-        header = decode_header(data)
-        buffers = await self.recv_frames(source, header)
-        return loads(header, buffers), Status(source, tag, nbytes + sum(header.sizes))
+        obj = loads_inline(data)  # (the small-object path: no further frame)
+        if obj is FRAMED:
+            obj, framed = await recv_object(data, functools.partial(self.recv_frames,
+                                                                    source))
+            nbytes += framed
+        return obj, Status(source, tag, nbytes)
 
     async def recv_frames(self, source: int, header: Header) -> list[Any]:
-        """Receive the payload frames announced by ``header`` straight into pooled memory."""
+        """Receive the payload frames announced by ``header`` straight into pooled memory
+        (allocated at the announced sizes, all receives posted at once: ranks of a job
+        are trusted peers)."""
         ftag = make_tag(self.cid, KIND_FRAMES, source, header.seq)
         peers = self.peer_sets[source]
         transport = self.transport
@@ -262,4 +276,3 @@ class Group:
                     await transport.settle(f)
                 raise
         return buffers
-

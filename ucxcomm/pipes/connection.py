@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import struct
 from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
 from .._net import watch_liveness
-from .._serialize import CODECS, decode_header, encode, loads
+from .._serialize import CODECS, Header, MalformedObject, recv_object, send_object
 from ..errors import PeerFailure, ProtocolError, UcxCommError
 from ..tags import (
     CONN_FRAME_SEQS,
@@ -113,6 +114,11 @@ def drain_namespace(worker: Any, ns: int) -> int:
     if dropped:
         worker.wake()
     return dropped
+
+
+def _obj_frame_tag(ns: int, seq: int) -> int:
+    """The tag of an object's payload frames of sequence number ``seq`` in ``ns``."""
+    return conn_tag(ns, CONN_OBJ + 1 + seq)
 
 
 def _retrieve(fut: asyncio.Future) -> None:
@@ -289,12 +295,10 @@ class Connection(Endpoint):
         codec = self._codec(codec)
         ns = self._check_connected()[0]
         seq = self._frame_seq
-        message, frames = encode(obj, seq, codec)
-        futs = [self.isend(message, conn_tag(ns, CONN_OBJ))]
-        if frames:
+        futs = send_object(self.isend, obj, conn_tag(ns, CONN_OBJ),
+                           functools.partial(_obj_frame_tag, ns), seq, codec)
+        if len(futs) > 1:  # framed: its sequence number is spent
             self._frame_seq = (seq + 1) % CONN_FRAME_SEQS
-            ftag = conn_tag(ns, CONN_OBJ + 1 + seq)
-            futs.extend(self.isend(f, ftag) for f in frames)
         pending = [f for f in futs if f is not None]
         if len(pending) == 1:
             await self._worker.complete(pending[0])
@@ -326,24 +330,24 @@ class Connection(Endpoint):
         if type(res) is not tuple:
             res = await worker.complete(res)
         try:
-            header = decode_header(res[2])
-        except ValueError as exc:
+            obj, _ = await recv_object(res[2], functools.partial(self._recv_frames, ns),
+                                       codec, MAX_OBJECT_BYTES)
+        except MalformedObject as exc:
             raise self._refuse(f"the peer sent {exc}") from None
-        if header.codec != codec:
-            raise self._refuse(f"the peer sent a {header.codec}-encoded object; this side "
-                               f"accepts codec={codec!r} (pass the same codec= on both "
-                               "sides)")
-        if header.sizes and header.seq >= CONN_FRAME_SEQS:
+        return obj
+
+    async def _recv_frames(self, ns: int, header: Header) -> list[Any]:
+        """The payload frames of an object whose ``header`` came in namespace ``ns``
+        (:func:`~ucxcomm._serialize.recv_object`'s ``recv_frames``): one at a time,
+        each allocated at the size that arrived and refused unless it is the size
+        announced; the header's sequence number must name an object frame tag."""
+        if header.seq >= CONN_FRAME_SEQS:
             raise self._refuse(f"the peer sent an object header with frame sequence "
                                f"{header.seq} (at most {CONN_FRAME_SEQS - 1})")
-        total = sum(header.sizes)
-        if total > MAX_OBJECT_BYTES:
-            raise self._refuse(f"the peer announced an object of {total} bytes (at most "
-                               f"{MAX_OBJECT_BYTES})")
+        worker = self._worker
+        ftag = _obj_frame_tag(ns, header.seq)
         buffers = []
-        ftag = conn_tag(ns, CONN_OBJ + 1 + header.seq)
         for i, size in enumerate(header.sizes):
-            # One frame at a time, allocated at the size that actually arrived.
             got: Any = worker.recv_alloc(ftag, FULL_MASK, self._peers)
             if type(got) is not tuple:
                 got = await worker.complete(got)
@@ -351,12 +355,7 @@ class Connection(Endpoint):
                 raise self._refuse(f"frame {i} of an object has {got[1]} bytes where its "
                                    f"header announced {size}")
             buffers.append(got[2])
-        if codec == "pickle":
-            return loads(header, buffers)
-        try:
-            return loads(header, buffers)
-        except ValueError as exc:
-            raise self._refuse(f"the peer sent {exc}") from None
+        return buffers
 
     def _check_connected(self) -> tuple[int, int]:
         """``(send namespace, receive namespace)``; raises unless connected."""
