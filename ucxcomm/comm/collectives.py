@@ -224,11 +224,11 @@ class Collectives:
         # Scratch of the small-Allreduce path: (dtype, shape, array, target) or None.
         self._rd_scratch: tuple[Any, Any, Any, Any] | None = None
         self._small = SmallCollectives(group)
-        # Up to SMALL_MAX_RANKS: the compiled small collectives (made by the first call)
-        # and their Allreduce (before that, the method that makes them).
+        # Up to SMALL_MAX_RANKS: the compiled small collectives and their Allreduce
+        # (_UNMADE until the first call makes them; not a bound method of this object,
+        # which would keep a dropped communicator alive until the garbage collector runs).
         self._fast: Any = _UNMADE if 2 <= self.size <= SMALL_MAX_RANKS else None
-        self._fast_ar: Any = (self._first_fast_allreduce
-                              if 2 <= self.size <= SMALL_MAX_RANKS else None)
+        self._fast_ar: Any = self._fast
 
     def _small_chan(self, what: str) -> Chan:
         """A channel for a small-message path of collective ``what`` (arguments already
@@ -375,17 +375,16 @@ class Collectives:
 
     def _Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
         """Start :meth:`Allreduce` (checks first): what to await, or DONE."""
-        pair = self._fast_ar
-        if pair is not None:
-            rest = pair(sendbuf, recvbuf, op)
-            if rest is not None:
-                return rest if rest is DONE else self._small.allreduce_rest(rest, recvbuf)
+        fast = self._fast_ar
+        if fast is not None:
+            if fast is _UNMADE:
+                made = self._make_fast()
+                fast = None if made is None else made.allreduce
+            if fast is not None:
+                rest = fast(sendbuf, recvbuf, op)
+                if rest is not None:
+                    return rest if rest is DONE else self._small.allreduce_rest(rest, recvbuf)
         return self._allreduce(sendbuf, recvbuf, op)
-
-    def _first_fast_allreduce(self, sendbuf: Any, recvbuf: Any, op: Op) -> Any:
-        """:attr:`_pair_ar` until the compiled small Allreduce is made."""
-        pair = self._make_fast()
-        return None if pair is None else pair.allreduce(sendbuf, recvbuf, op)
 
     def _make_fast(self) -> Any:
         """The compiled small collectives (``comm/_fast.pyx``'s ``FastCollectives``),
