@@ -68,11 +68,13 @@ def test_contract_names():
 def test_error_hierarchy():
     e = ucxcomm
     for cls in (e.ClosedError, e.PeerFailure, e.CommTimeoutError, e.TruncationError,
-                e.BootstrapError, e.WindowError, e.UnsupportedError):
+                e.BootstrapError, e.WindowError, e.UnsupportedError, e.CollectiveError):
         assert issubclass(cls, e.UcxCommError)
     assert issubclass(e.CommTimeoutError, TimeoutError)
     assert issubclass(e.UnsupportedError, NotImplementedError)
     assert e.PeerFailure("x", peer=3).peer == 3
+    err = e.CollectiveError("x", rank=2, cause="TypeError: y")
+    assert (err.rank, err.cause) == (2, "TypeError: y")
 
 
 def _imports(path: Path) -> set[str]:

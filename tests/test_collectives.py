@@ -25,6 +25,11 @@ def test_collectives(name, nranks):
     run_case(COLL_CASES, name, nranks)
 
 
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_object_collective_failures_reach_every_rank(nranks):
+    run_case(COLL_CASES, "object_collective_failures_reach_every_rank", nranks)
+
+
 def test_member_death_fails_every_rank():
     proc = run_case(COLL_CASES, "member_death", 3)
     assert "died or left" in proc.stderr

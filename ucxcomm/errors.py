@@ -6,6 +6,7 @@ __all__ = [
     "AuthenticationError",
     "BootstrapError",
     "ClosedError",
+    "CollectiveError",
     "CommTimeoutError",
     "PeerFailure",
     "ProtocolError",
@@ -58,6 +59,26 @@ def copy_of(exc: PeerFailure) -> PeerFailure:
 
 class CommTimeoutError(UcxCommError, TimeoutError):
     """An operation given ``timeout=`` did not complete in time."""
+
+
+class CollectiveError(UcxCommError):
+    """An object collective failed on another rank (its op raised, its object did not
+    pickle or did not unpickle there): raised on every rank whose result depended on
+    that part, instead of waiting for data that will never come. The rank where it
+    failed raises the original exception.
+
+    Attributes
+    ----------
+    rank : int
+        The rank of the communicator where it failed.
+    cause : str
+        What happened there (``"TypeError: ..."``).
+    """
+
+    def __init__(self, message: str, rank: int = -1, cause: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.cause = cause
 
 
 class TruncationError(UcxCommError):

@@ -1021,5 +1021,77 @@ async def window_timeouts_and_async_with(comm):
     await comm.barrier()
 
 
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("this object refuses to be pickled")
+
+
+class _BadOnLoad:
+    """Pickles fine; unpickling it raises (on whichever rank receives it)."""
+
+    def __reduce__(self):
+        return (_refuse_load, ())
+
+
+def _refuse_load():
+    raise ValueError("this object refuses to be unpickled")
+
+
+@case
+async def object_collective_failures_reach_every_rank(comm):
+    """An object collective that fails on one rank (its op raises, its object does not
+    pickle or unpickle) fails on every rank whose result depends on it, naming that rank
+    and the cause, within the deadline: none waits for data that never comes (before:
+    allreduce with a raising op left rank 1 waiting forever, allgather of an
+    unpicklable object left the others waiting). The communicator stays usable."""
+    r, p = comm.rank, comm.size
+    assert p > 1  # (one rank pickles nothing and combines nothing)
+
+    async def expect(coro, own, failing, *, others=True):
+        """``coro`` raises ``own`` on rank ``failing``, CollectiveError naming it on the
+        others (when ``others``; else they may return), within 20 s."""
+        try:
+            got = await asyncio.wait_for(coro, 20)
+        except ucxcomm.CollectiveError as exc:
+            assert r != failing, exc
+            assert exc.rank == failing and f"rank {failing}" in str(exc), exc
+            return exc
+        except own as exc:
+            assert r == failing, exc
+            return exc
+        assert r != failing and not others, (r, got)
+        return got
+
+    # The op raises where it combines: rank 0 (the root of the fold).
+    await expect(comm.allreduce(r + 1, op=lambda a, b: a / 0 if r == 0 else a + b),
+                 ZeroDivisionError, 0)
+    assert await comm.allreduce(r + 1) == p * (p + 1) // 2  # (usable afterwards)
+    res = await expect(comm.reduce(r, op=lambda a, b: a // 0 if r == 0 else a + b),
+                       ZeroDivisionError, 0, others=False)
+    assert r == 0 or res is None, res
+    # An object that does not pickle (the last rank's).
+    bad = p - 1
+    await expect(comm.allgather(_Unpicklable() if r == bad else r), TypeError, bad)
+    await expect(comm.bcast(_Unpicklable() if r == bad else None, root=bad), TypeError, bad)
+    await expect(comm.scatter([_Unpicklable()] * p if r == bad else None, root=bad),
+                 TypeError, bad)
+    res = await expect(comm.gather(_Unpicklable() if r == bad else r, root=0), TypeError,
+                       bad, others=False)
+    assert r in (0, bad) or res is None, res
+    assert r != 0 or isinstance(res, ucxcomm.CollectiveError), res
+    # An object that does not unpickle where it arrives: the receivers raise the
+    # ValueError, whoever depends on them CollectiveError (naming a receiver).
+    try:
+        got = await asyncio.wait_for(comm.bcast(_BadOnLoad() if r == 0 else None), 20)
+    except ValueError as exc:
+        assert r != 0 and "refuses to be unpickled" in str(exc), exc
+    except ucxcomm.CollectiveError as exc:
+        assert r != 0 and exc.rank not in (0, r), exc
+    else:
+        assert r == 0 and isinstance(got, _BadOnLoad), got
+    assert await comm.allgather(r) == list(range(p))
+
+
 if __name__ == "__main__":
     cases.main()

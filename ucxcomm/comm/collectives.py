@@ -29,7 +29,7 @@ import numpy as np
 
 from .._buffers import typed_flat
 from .._deadline import check_timeout, limit
-from ..errors import CommTimeoutError
+from ..errors import CollectiveError, CommTimeoutError, UcxCommError
 from ..tags import KIND_COLL, make_tag
 from . import algorithms as alg
 from .algorithms import Buf, Chan, binomial
@@ -936,15 +936,45 @@ class Collectives:
             dist *= 2
 
     # ============================================================== objects
-    def _osend(self, obj: Any, dest: int, seq: int) -> list[Any]:
-        return [f for f in self._group.post_send_obj(obj, dest, KIND_COLL, seq)
-                if f is not None]
+    # A rank whose part fails (its object does not pickle or unpickle, the op raises)
+    # sends a _Failed marker where its data would go and carries on with the algorithm,
+    # so that no peer waits for data that will never come; the marker travels on in
+    # place of every result it spoils. At the end the failing rank raises its own
+    # exception and every rank that saw the marker raises CollectiveError.
+    def _osend(self, call: _ObjCall, obj: Any, dest: int, seq: int) -> list[Any]:
+        post = self._group.post_send_obj
+        try:
+            futs = post(obj, dest, KIND_COLL, seq)
+        except UcxCommError:
+            raise
+        except Exception as exc:  # (does not pickle: the peer gets the marker instead)
+            futs = post(call.fail(self.rank, exc), dest, KIND_COLL, seq)
+        return [f for f in futs if f is not None]
 
-    async def _orecv(self, source: int, seq: int) -> Any:
+    async def _orecv(self, call: _ObjCall, source: int, seq: int) -> Any:
         # Fails if any member dies (see Chan.recv), not only ``source``.
         g = self._group
         res = g.post_recv_obj(source, KIND_COLL, seq, g.peers_all)
-        return (await g.finish_recv_obj(res))[0]
+        try:
+            obj = (await g.finish_recv_obj(res))[0]
+        except UcxCommError:
+            raise
+        except Exception as exc:  # (does not unpickle here)
+            return call.fail(self.rank, exc)
+        if type(obj) is _Failed:
+            call.saw(obj)
+        return obj
+
+    def _combine(self, call: _ObjCall, fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
+        """``fn(a, b)``, or the marker that spoils it."""
+        if type(a) is _Failed:
+            return a
+        if type(b) is _Failed:
+            return b
+        try:
+            return fn(a, b)
+        except Exception as exc:
+            return call.fail(self.rank, exc)
 
     @staticmethod
     def _pyop(op: Any) -> Callable[[Any, Any], Any]:
@@ -954,15 +984,15 @@ class Collectives:
             return op
         raise TypeError(f"op must be a ucxcomm.Op or a callable f(a, b), got {op!r}")
 
-    async def _bcast_obj(self, obj: Any, root: int, seq: int) -> Any:
+    async def _bcast_obj(self, call: _ObjCall, obj: Any, root: int, seq: int) -> Any:
         p = self.size
         v = (self.rank - root) % p
         parent, children = binomial(v, p)
         if parent is not None:
-            obj = await self._orecv((parent + root) % p, seq)
+            obj = await self._orecv(call, (parent + root) % p, seq)
         futs: list[Any] = []
         for c in children:
-            futs.extend(self._osend(obj, (c + root) % p, seq))
+            futs.extend(self._osend(call, obj, (c + root) % p, seq))
         if futs:
             await asyncio.gather(*futs)
         return obj
@@ -973,59 +1003,66 @@ class Collectives:
             return await self._deadline(self.bcast, (obj, root), timeout, "bcast")
         self._check_open()
         root = self._group.check_peer(root, "root")
-        return await self._bcast_obj(obj, root, self._next_seq())
+        call = _ObjCall("bcast")
+        return call.result(await self._bcast_obj(call, obj, root, self._next_seq()))
 
-    async def _reduce_obj(self, obj: Any, fn: Callable[[Any, Any], Any], root: int,
-                          seqs: tuple[int, int]) -> Any:
+    async def _reduce_obj(self, call: _ObjCall, obj: Any, fn: Callable[[Any, Any], Any],
+                          root: int, seqs: tuple[int, int]) -> Any:
         # Binomial tree rooted at rank 0: each subtree is a contiguous rank range, so
         # combining children nearest-first keeps rank order (non-commutative ops work).
         r = self.rank
         parent, children = binomial(r, self.size)
         acc = obj
         for c in reversed(children):
-            acc = fn(acc, await self._orecv(c, seqs[0]))
+            acc = self._combine(call, fn, acc, await self._orecv(call, c, seqs[0]))
         if parent is not None:
-            await asyncio.gather(*self._osend(acc, parent, seqs[0]))
+            await asyncio.gather(*self._osend(call, acc, parent, seqs[0]))
             acc = None
         if root != 0:
             if r == 0:
-                await asyncio.gather(*self._osend(acc, root, seqs[1]))
+                await asyncio.gather(*self._osend(call, acc, root, seqs[1]))
                 return None
             if r == root:
-                return await self._orecv(0, seqs[1])
+                return await self._orecv(call, 0, seqs[1])
         return acc
 
     async def reduce(self, obj: Any, op: Any = SUM, root: int = 0, *,
                      timeout: float | None = None) -> Any:
         """``op`` over every rank's object, in rank order, at ``root`` (None elsewhere).
-        ``op`` is a :class:`~ucxcomm.Op` or any callable ``f(a, b)``."""
+        ``op`` is a :class:`~ucxcomm.Op` or any callable ``f(a, b)``. Where ``op``
+        raises, that rank raises it and ``root`` raises :class:`~ucxcomm.CollectiveError`."""
         if timeout is not None:
             return await self._deadline(self.reduce, (obj, op, root), timeout, "reduce")
         self._check_open()
         root = self._group.check_peer(root, "root")
         fn = self._pyop(op)
         seqs = (self._next_seq(), self._next_seq())
-        return await self._reduce_obj(obj, fn, root, seqs)
+        call = _ObjCall("reduce")
+        return call.result(await self._reduce_obj(call, obj, fn, root, seqs))
 
     async def allreduce(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
-        """``op`` over every rank's object in rank order; the same result everywhere."""
+        """``op`` over every rank's object in rank order; the same result everywhere.
+        Where ``op`` raises (or an object does not pickle), that rank raises it and every
+        other rank :class:`~ucxcomm.CollectiveError`."""
         if timeout is not None:
             return await self._deadline(self.allreduce, (obj, op), timeout, "allreduce")
         self._check_open()
         fn = self._pyop(op)
         seqs = (self._next_seq(), self._next_seq())
-        acc = await self._reduce_obj(obj, fn, 0, seqs)
-        return await self._bcast_obj(acc, 0, seqs[1])
+        call = _ObjCall("allreduce")
+        acc = await self._reduce_obj(call, obj, fn, 0, seqs)
+        return call.result(await self._bcast_obj(call, acc, 0, seqs[1]))
 
-    async def _gather_obj(self, obj: Any, root: int, seq: int) -> list[Any] | None:
+    async def _gather_obj(self, call: _ObjCall, obj: Any, root: int,
+                          seq: int) -> list[Any] | None:
         if self.rank != root:
-            await asyncio.gather(*self._osend(obj, root, seq))
+            await asyncio.gather(*self._osend(call, obj, root, seq))
             return None
         out: list[Any] = [None] * self.size
         out[root] = obj
         for q in range(self.size):
             if q != root:
-                out[q] = await self._orecv(q, seq)
+                out[q] = await self._orecv(call, q, seq)
         return out
 
     async def gather(self, obj: Any, root: int = 0, *,
@@ -1035,16 +1072,22 @@ class Collectives:
             return await self._deadline(self.gather, (obj, root), timeout, "gather")
         self._check_open()
         root = self._group.check_peer(root, "root")
-        return await self._gather_obj(obj, root, self._next_seq())
+        call = _ObjCall("gather")
+        return call.result(await self._gather_obj(call, obj, root, self._next_seq()))
 
     async def allgather(self, obj: Any, *, timeout: float | None = None) -> list[Any]:
-        """Every rank's object, as a list in rank order, on every rank."""
+        """Every rank's object, as a list in rank order, on every rank. An object that
+        does not pickle: its rank raises that error, every other rank
+        :class:`~ucxcomm.CollectiveError`."""
         if timeout is not None:
             return await self._deadline(self.allgather, (obj,), timeout, "allgather")
         self._check_open()
         seqs = (self._next_seq(), self._next_seq())
-        got = await self._gather_obj(obj, 0, seqs[0])
-        return await self._bcast_obj(got, 0, seqs[1])
+        call = _ObjCall("allgather")
+        got: Any = await self._gather_obj(call, obj, 0, seqs[0])
+        if self.rank == 0 and call.failed is not None:
+            got = call.failed  # (the list is spoilt: the marker goes out instead)
+        return call.result(await self._bcast_obj(call, got, 0, seqs[1]))
 
     async def scatter(self, objs: Sequence[Any] | None, root: int = 0, *,
                       timeout: float | None = None) -> Any:
@@ -1059,15 +1102,16 @@ class Collectives:
                                  f"objects, got {None if objs is None else len(objs)}")
             items = list(objs)
         seq = self._next_seq()
+        call = _ObjCall("scatter")
         if self.rank != root:
-            return await self._orecv(root, seq)
+            return call.result(await self._orecv(call, root, seq))
         futs: list[Any] = []
         for q in range(self.size):
             if q != root:
-                futs.extend(self._osend(items[q], q, seq))
+                futs.extend(self._osend(call, items[q], q, seq))
         if futs:
             await asyncio.gather(*futs)
-        return items[root]
+        return call.result(items[root])
 
     async def alltoall(self, objs: Sequence[Any], *, timeout: float | None = None) -> list[Any]:
         """Rank ``i`` sends ``objs[j]`` to rank ``j``; returns what each rank sent here."""
@@ -1078,41 +1122,45 @@ class Collectives:
             raise ValueError(f"alltoall: expected a sequence of {self.size} objects")
         items = list(objs)
         seq = self._next_seq()
+        call = _ObjCall("alltoall")
         p, r = self.size, self.rank
         futs: list[Any] = []
         for s in range(1, p):
-            futs.extend(self._osend(items[(r + s) % p], (r + s) % p, seq))
+            futs.extend(self._osend(call, items[(r + s) % p], (r + s) % p, seq))
         out: list[Any] = [None] * p
         out[r] = items[r]
         for s in range(1, p):
             q = (r - s) % p
-            out[q] = await self._orecv(q, seq)
+            out[q] = await self._orecv(call, q, seq)
         if futs:
             await asyncio.gather(*futs)
-        return out
+        return call.result(out)
 
     async def _scan_obj(self, obj: Any, op: Any, exclusive: bool) -> Any:
         self._check_open()
         fn = self._pyop(op)
         seq = self._next_seq()
+        call = _ObjCall("exscan" if exclusive else "scan")
         r, p = self.rank, self.size
         partial, result, have = obj, (None if exclusive else obj), not exclusive
         mask = 1
         while mask < p:
             dst = r ^ mask
             if dst < p:
-                futs = self._osend(partial, dst, seq)
-                other = await self._orecv(dst, seq)
+                futs = self._osend(call, partial, dst, seq)
+                other = await self._orecv(call, dst, seq)
                 if futs:
                     await asyncio.gather(*futs)
                 if dst < r:
-                    partial = fn(other, partial)
-                    result = fn(other, result) if have else other
+                    partial = self._combine(call, fn, other, partial)
+                    result = self._combine(call, fn, other, result) if have else other
                     have = True
                 else:
-                    partial = fn(partial, other)
+                    partial = self._combine(call, fn, partial, other)
             mask <<= 1
-        return result
+        if type(result) is not _Failed:
+            call.failed = None  # (a failure this rank's result does not depend on)
+        return call.result(result)
 
     async def scan(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
         """Inclusive prefix: rank ``i`` gets ``op`` over ranks ``0..i`` (in rank order)."""
@@ -1125,3 +1173,52 @@ class Collectives:
         if timeout is not None:
             return await self._deadline(self.exscan, (obj, op), timeout, "exscan")
         return await self._scan_obj(obj, op, True)
+
+
+class _Failed:
+    """Sent in place of its data by a rank whose part of an object collective failed
+    (and passed on in place of every result it spoils)."""
+
+    __slots__ = ("cause", "rank")
+
+    def __init__(self, rank: int, cause: str) -> None:
+        self.rank, self.cause = rank, cause
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Failed, (self.rank, self.cause))
+
+
+class _ObjCall:
+    """One object collective on this rank: what failed here, or the marker seen."""
+
+    __slots__ = ("error", "failed", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.error: BaseException | None = None  # this rank's own failure
+        self.failed: _Failed | None = None  # the first marker made or seen
+
+    def fail(self, rank: int, exc: BaseException) -> _Failed:
+        """Record this rank's failure (the first one counts); the marker to send on."""
+        if self.error is None:
+            self.error = exc
+            self.failed = _Failed(rank, f"{type(exc).__name__}: {exc}")
+        assert self.failed is not None
+        return self.failed
+
+    def saw(self, marker: _Failed) -> None:
+        if self.failed is None:
+            self.failed = marker
+
+    def result(self, value: Any) -> Any:
+        """``value``, or what the call raises: this rank's own exception, else
+        CollectiveError when ``value`` is (or holds) a marker."""
+        if self.error is not None:
+            raise self.error
+        marker = value if type(value) is _Failed else None
+        if marker is None and type(value) is list:
+            marker = next((v for v in value if type(v) is _Failed), None)
+        if marker is None:
+            return value
+        raise CollectiveError(f"{self.name} failed on rank {marker.rank}: {marker.cause}",
+                              rank=marker.rank, cause=marker.cause)
