@@ -27,7 +27,7 @@ from cpython.object cimport PyObject, PyTypeObject
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.string cimport memmove
 
-from ucxcomm.transport._ucp cimport BufRef, EpSend, Finish, Op, TagEngine
+from ucxcomm.transport._ucp cimport BufRef, EpSend, Finish, Op, TagEngine, ptr_op
 
 import numpy as np
 
@@ -329,15 +329,9 @@ cdef class FastCollectives:
 
     cdef Op _recv_op(self, uintptr_t ptr, size_t cap, object keep, Py_ssize_t source,
                      object seq):
-        cdef Op rop = Op.__new__(Op)
-        rop.peers = self.rpeers
-        rop.tag = self.ctx0 | (<uint64_t>source << SRC_SHIFT) | <uint64_t>seq
-        rop.mask = FULL_MASK
-        rop.ptr = ptr
-        rop.cap = cap
-        rop.keep = keep
-        rop.has_ptr = True
-        return rop
+        return ptr_op(ptr, cap, keep, False,
+                      self.ctx0 | (<uint64_t>source << SRC_SHIFT) | <uint64_t>seq,
+                      FULL_MASK, self.rpeers)
 
     cdef object _rows_out(self, tuple res, object seq, bint rows):
         """What a call that must wait returns (the rows become the caller's)."""
@@ -437,85 +431,68 @@ cdef class FastCollectives:
                 return None
         return sref, rref
 
-    def allreduce(self, send, recv, op):
-        """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
-        cdef BufRef rref, sref
-        cdef Py_ssize_t n
+    cdef object _fold_blocks(self, BufRef sref, BufRef rref, Py_ssize_t nb, bint split):
+        """Allreduce (``split`` false: all of ``sref`` from every rank) or
+        Reduce_scatter_block (block ``q`` of ``sref`` to rank ``q``), ``nb`` bytes per
+        rank: rows of every rank's contribution, folded in rank order into ``rref``."""
         cdef uintptr_t base
-        args = self._allreduce_args(send, recv, op)
-        if args is None:
-            return None
-        sref, rref = args
-        n = rref.view.len
+        cdef Py_ssize_t own = self.rank * nb if split else 0
         self.check_open()
         seq = self.next_seq()
         base = self._rows()
-        memmove(<char *>base + self.rank * n, sref.view.buf, n)
-        res = self._post_all(sref, <uintptr_t>sref.view.buf, 0, n, base, self.rows_ref, seq)
-        if res is None:
-            _sum_rows(self.last_kind, <const char *>base, self.size, n,
-                      <char *>rref.view.buf)
-            return DONE
-        return self._rows_out(res, seq, True)
-
-    def reduce_scatter_block(self, send, recv, op):
-        """``Reduce_scatter_block(send, recv, op)``: block ``q`` of ``send`` to rank
-        ``q``; this rank's block of every rank's folded into the start of ``recv``."""
-        cdef BufRef rref, sref
-        cdef uintptr_t base
-        cdef Py_ssize_t nb
-        args = self._rsb_views(send, recv, op)
-        if args is None:
-            return None
-        sref, rref, nb = args
-        self.check_open()
-        seq = self.next_seq()
-        base = self._rows()
-        memmove(<char *>base + self.rank * nb,
-                <const char *>sref.view.buf + self.rank * nb, nb)
-        res = self._post_all(sref, <uintptr_t>sref.view.buf, nb, nb, base, self.rows_ref,
-                             seq)
+        memmove(<char *>base + self.rank * nb, <const char *>sref.view.buf + own, nb)
+        res = self._post_all(sref, <uintptr_t>sref.view.buf, nb if split else 0, nb, base,
+                             self.rows_ref, seq)
         if res is None:
             _sum_rows(self.last_kind, <const char *>base, self.size, nb,
                       <char *>rref.view.buf)
             return DONE
         return self._rows_out(res, seq, True)
 
-    def allgather(self, send, recv):
-        """``Allgather(send, recv)``: every rank's block in rank order in ``recv``."""
-        cdef BufRef rref, sref
-        cdef Py_ssize_t nb
-        args = self._copy_views(send, recv, False)
-        if args is None:
-            return None
-        sref, rref, nb = args
+    cdef object _copy_blocks(self, BufRef sref, BufRef rref, Py_ssize_t nb, bint split):
+        """Allgather (``split`` false: ``sref`` is one block, to every rank) or Alltoall
+        (block ``q`` of ``sref`` to rank ``q``): rank ``q``'s block into block ``q`` of
+        ``rref``."""
+        cdef Py_ssize_t own = self.rank * nb if split else 0
         self.check_open()
         seq = self.next_seq()
-        memmove(<char *>rref.view.buf + self.rank * nb, sref.view.buf, nb)
-        res = self._post_all(sref, <uintptr_t>sref.view.buf, 0, nb,
+        memmove(<char *>rref.view.buf + self.rank * nb, <const char *>sref.view.buf + own,
+                nb)
+        res = self._post_all(sref, <uintptr_t>sref.view.buf, nb if split else 0, nb,
                              <uintptr_t>rref.view.buf, rref, seq)
         if res is None:
             return DONE
         return self._rows_out(res, seq, False)
 
+    def allreduce(self, send, recv, op):
+        """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
+        args = self._allreduce_args(send, recv, op)
+        if args is None:
+            return None
+        return self._fold_blocks(args[0], args[1], (<BufRef>args[1]).view.len, False)
+
+    def reduce_scatter_block(self, send, recv, op):
+        """``Reduce_scatter_block(send, recv, op)``: block ``q`` of ``send`` to rank
+        ``q``; this rank's block of every rank's folded into the start of ``recv``."""
+        args = self._rsb_views(send, recv, op)
+        if args is None:
+            return None
+        return self._fold_blocks(args[0], args[1], args[2], True)
+
+    def allgather(self, send, recv):
+        """``Allgather(send, recv)``: every rank's block in rank order in ``recv``."""
+        args = self._copy_views(send, recv, False)
+        if args is None:
+            return None
+        return self._copy_blocks(args[0], args[1], args[2], False)
+
     def alltoall(self, send, recv):
         """``Alltoall(send, recv)``: block ``q`` of ``send`` to rank ``q``, its block for
         this rank into block ``q`` of ``recv``."""
-        cdef BufRef rref, sref
-        cdef Py_ssize_t nb
         args = self._copy_views(send, recv, True)
         if args is None:
             return None
-        sref, rref, nb = args
-        self.check_open()
-        seq = self.next_seq()
-        memmove(<char *>rref.view.buf + self.rank * nb,
-                <const char *>sref.view.buf + self.rank * nb, nb)
-        res = self._post_all(sref, <uintptr_t>sref.view.buf, nb, nb,
-                             <uintptr_t>rref.view.buf, rref, seq)
-        if res is None:
-            return DONE
-        return self._rows_out(res, seq, False)
+        return self._copy_blocks(args[0], args[1], args[2], True)
 
     def bcast(self, buf, root):
         """``Bcast(buf, root)``: the root sends to every rank, the others receive in

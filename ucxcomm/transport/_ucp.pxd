@@ -12,7 +12,8 @@
 # (raise for a closed worker or dead peers), c_send / c_send_to (post a tag send: None
 # when it completed, else its future), c_post_match(op, spin) (a matched-probe receive
 # of a prepared Op: its (sender_tag, nbytes, capacity) or future), c_exchange (a send and
-# a c_post_match in one call), c_irecv (TagEngine.irecv). The _-prefixed rest is the
+# a c_post_match in one call), c_irecv (TagEngine.irecv); and ptr_op, the receive Op
+# that c_post_match takes. The _-prefixed rest is the
 # engine's own; it is declared here only because Cython needs a class's whole table.
 
 cimport cython
@@ -118,3 +119,9 @@ cdef class EpSend:
     cdef public object peers
     cdef public bint fast
     cdef public bint closed
+
+
+# A receive of the message matching (tag, mask) into cap bytes at ptr (keep holds them):
+# the Op a caller prepares for TagEngine.c_post_match / c_exchange.
+cdef Op ptr_op(uintptr_t ptr, size_t cap, object keep, bint device, uint64_t tag,
+               uint64_t mask, object peers)

@@ -358,7 +358,7 @@ cdef inline object _fitted(object finish, uint64_t stag, size_t nbytes, size_t c
     return finish((stag, nbytes, cap))
 
 
-cdef Op _ptr_op(uintptr_t ptr, size_t cap, object keep, bint device, uint64_t tag,
+cdef Op ptr_op(uintptr_t ptr, size_t cap, object keep, bint device, uint64_t tag,
                 uint64_t mask, object peers):
     """A receive of the message matching ``(tag, mask)`` into ``cap`` bytes at ``ptr``
     (``keep`` holds them)."""
@@ -375,18 +375,18 @@ cdef Op _ptr_op(uintptr_t ptr, size_t cap, object keep, bint device, uint64_t ta
 
 
 cdef Op _view_op(Py_buffer *view, uint64_t tag, uint64_t mask, object peers):
-    """:func:`_ptr_op` into exported host buffer ``view`` (the Op's BufRef takes the
+    """:func:`ptr_op` into exported host buffer ``view`` (the Op's BufRef takes the
     export over)."""
     cdef BufRef ref = BufRef.__new__(BufRef)
     ref.view = view[0]
     ref.held = True
-    return _ptr_op(<uintptr_t>ref.view.buf, <size_t>ref.view.len, ref, False, tag, mask,
+    return ptr_op(<uintptr_t>ref.view.buf, <size_t>ref.view.len, ref, False, tag, mask,
                    peers)
 
 
 cdef Op _target_op(tuple t, uint64_t tag, uint64_t mask, object peers):
-    """:func:`_ptr_op` into target ``t``."""
-    return _ptr_op(<uintptr_t>t[0], <size_t>t[1], t[2], t[3], tag, mask, peers)
+    """:func:`ptr_op` into target ``t``."""
+    return ptr_op(<uintptr_t>t[0], <size_t>t[1], t[2], t[3], tag, mask, peers)
 
 
 cdef class TagEngine:
