@@ -17,9 +17,10 @@
 #    made by the host) and starts the rank
 # 4. dockerd stopped, the disk unmounted. Exit status: the container's (2: a check failed
 #    here, before any container ran).
-# Environment: SOFTROCE_IMAGE [ucxcomm:test], SOFTROCE_DISK [/dev/vda]; what the rank
-# needs passes into the container: node-entry.sh's variables, UCXCOMM_*, UCX_*,
-# CLUSTER_LANES and Python's output settings (not PYTHONPATH: the image has its own).
+# Environment: SOFTROCE_IMAGE [ucxcomm:test], SOFTROCE_DISK [/dev/vda]; into the container
+# go what docker/README.md's command passes (NODE_RANK, NNODES, MASTER_ADDR, MASTER_PORT,
+# UCXCOMM_TOKEN), NODE_TIMEOUT (what is left of it), CLUSTER_LANES and Python's output
+# settings: not the VM's UCXCOMM_UCX, UCXCOMM_DEVICES, PYTHONPATH (the image has its own).
 set -euo pipefail
 [ $# -gt 0 ] || {
   echo "usage: $0 PROGRAM [ARGS...]" >&2
@@ -107,9 +108,12 @@ for d in /sys/class/infiniband_verbs/uverbs*; do
 done
 [ ${#devs[@]} -gt 0 ] || fail "no /dev/infiniband/uverbs* for $rxe"
 [ ! -e /dev/infiniband/rdma_cm ] || devs+=(--device /dev/infiniband/rdma_cm)
+# The variables docker/README.md's command passes, no more: node-entry.sh's defaults in
+# the image do the rest (UCXCOMM_TRANSPORT=rdma, UCXCOMM_DEVICES=rxe0:1, UCXCOMM_UCX=auto),
+# as on a user's host; CLUSTER_LANES for the program, Python's output settings for the log.
 envs=()
-for v in NODE_RANK NNODES NPROC_PER_NODE MASTER_ADDR MASTER_PORT RXE_NETDEV RXE_NAME \
-  CLUSTER_LANES PYTHONUNBUFFERED PYTHONFAULTHANDLER $(compgen -e | grep -E '^(UCXCOMM|UCX)_' || true); do
+for v in NODE_RANK NNODES MASTER_ADDR MASTER_PORT UCXCOMM_TOKEN CLUSTER_LANES \
+  PYTHONUNBUFFERED PYTHONFAULTHANDLER; do
   [ -z "${!v+x}" ] || envs+=(-e "$v")
 done
 # The rank's time: what is left of this node's (NODE_TIMEOUT), less a margin for the end.
@@ -118,10 +122,10 @@ if [ "${NODE_TIMEOUT:-0}" -gt 0 ]; then
   [ "$left" -gt 30 ] || fail "only $left s left of NODE_TIMEOUT=$NODE_TIMEOUT for the rank"
   envs+=(-e "NODE_TIMEOUT=$left")
 fi
-say "docker run --network host ${devs[*]} --ulimit memlock=-1 ... $image $*"
-CID="$(docker create --pull never --network host "${devs[@]}" --ulimit memlock=-1 \
-  --shm-size 1g "${envs[@]}" -e NODE_CHECKS=full \
-  --entrypoint ci/softroce/node-entry.sh "$image" "$@")" || fail "docker create failed"
+args=(--network host "${devs[@]}" --ulimit memlock=-1 --shm-size 1g "${envs[@]}"
+  --entrypoint ci/softroce/node-entry.sh "$image" "$@")
+say "docker run ${args[*]}"
+CID="$(docker create --pull never "${args[@]}")" || fail "docker create failed"
 rc=0
 docker start -a "$CID" || rc=$?
 docker rm -f "$CID" > /dev/null 2>&1 || true
