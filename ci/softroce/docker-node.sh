@@ -38,6 +38,9 @@ fail() {
   exit 2
 }
 
+# Only in a soft-RoCE VM (the host's /dev/vda may be its own root disk)
+grep -qw 'softroce\.node=[0-9]*' /proc/cmdline || fail "runs in ci/softroce/run's VMs only"
+
 DOCKERD_PID=""
 CID=""
 # shellcheck disable=SC2329 # (called by the EXIT trap)
@@ -63,6 +66,9 @@ for _ in $(seq 50); do [ -b "$disk" ] && break; sleep 0.1; done
 # (ext4's checksums ask for crc32c by its crypto name: busybox's modprobe does not resolve it)
 modprobe crc32c_generic 2> /dev/null || true
 modprobe ext4 2> /dev/null || true
+label="$(blkid -o value -s LABEL "$disk" 2> /dev/null || true)"
+[ "$label" = softroce-docker ] ||
+  fail "$disk is not ci/softroce/docker-disk.sh's disk (label '$label', not softroce-docker)"
 mkdir -p "$root"
 mount -t ext4 -o noatime "$disk" "$root" || fail "cannot mount $disk (ext4) on $root"
 
