@@ -160,7 +160,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("UCXCOMM_VENV", _text, None, "ci/*.sh: the virtual environment to use "
             "(default .venv)"),
     Setting("UCXCOMM_DOCKER_REQUIRED", _text, None,
-            "ci/docker-cluster.sh: 1 = fail, not skip, without root or an engine (.ci/run)"),
+            "ci/docker-cluster.sh, ci/softroce/run: 1 = fail, not skip, without root or an "
+            "engine, or (soft-RoCE containers phase) without the image ucxcomm:test (.ci/run)"),
     Setting("UCXCOMM_DOCKER_BASE", _text, None,
             "ci/docker-cluster.sh: the base image to build on (default: python:3.11-slim, "
             "else one made from Debian packages)"),
