@@ -40,13 +40,16 @@ def _pump(rank: int, stream, lines: queue.Queue, out: list[str]) -> None:
         lines.put((rank, line))
 
 
-def run_fault(name: str, nranks: int, victim: int) -> dict[int, float]:
+def run_fault(name: str, nranks: int, victim: int,
+              outs_seen: list[list[str]] | None = None) -> dict[int, float]:
     """Start ``nranks`` ranks torchrun-style on case ``name``, kill ``victim`` once every
     rank is under way, and check the survivors; returns each survivor's seconds from the
-    kill to its exit."""
+    kill to its exit (``outs_seen`` gets each rank's output lines)."""
     port = free_port_pair()
     procs = []
     outs: list[list[str]] = [[] for _ in range(nranks)]
+    if outs_seen is not None:
+        outs_seen[:] = outs
     lines: queue.Queue = queue.Queue()
     threads = []
     deadline = time.monotonic() + 60
@@ -139,6 +142,23 @@ def test_kill_during(name, victim):
     took = run_fault(name, nranks, v)
     print(f"{name}, rank {v} killed: survivors ended after "
           + ", ".join(f"{t:.2f} s" for t in took.values()))
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_peer_failure_names_the_operations_it_interrupted(victim):
+    """The flight recorder after a death: each survivor's PeerFailure carries its
+    operation in flight on the dead rank (an Irecv from it, or a barrier), marked failed
+    (``PeerFailure.operations``, from ``comm.trace()``'s records)."""
+    outs: list[list[str]] = []
+    run_fault("recorded", 3, victim, outs)
+    first = 1 if victim == 0 else 0
+    for r in range(3):
+        if r == victim:
+            continue
+        ops = next((line for line in outs[r] if line.startswith(f"OPERATIONS {r}:")), "")
+        want = (f"failed Irecv(source={victim}, tag=5)" if r == first
+                else "failed barrier #1")
+        assert want in ops, f"rank {r}: {ops!r}\n{_show(outs)}"
 
 
 @pytest.mark.parametrize("victim", [0, 1])

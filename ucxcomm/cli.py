@@ -1,5 +1,6 @@
-"""The ``ucxcomm`` command: ``run``, ``info``, ``bench``; the only module that parses argv or
-prints (``bench``'s report is formatted by :mod:`ucxcomm.bench.driver`)."""
+"""The ``ucxcomm`` command: ``run``, ``status``, ``info``, ``bench``; the only module that
+parses argv or prints (``bench``'s report is formatted by :mod:`ucxcomm.bench.driver`,
+``status``'s by :mod:`ucxcomm.comm.trace`)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,31 @@ def _info(as_json: bool, transport: str | None, tag_offload: str | None) -> int:
         if isinstance(value, list):
             value = ", ".join(map(str, value)) or "-"
         print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def _status(as_json: bool, job: str | None, all_jobs: bool, last: int) -> int:
+    """``ucxcomm status``: what every rank of this host's jobs is doing, from their
+    flight recorders (read from shared memory: no rank has to answer)."""
+    import os
+
+    from .comm import trace
+
+    if job is not None:
+        path = job if os.sep in job else os.path.join(os.path.dirname(trace.job_dir()), job)
+        found = trace.load_job(path)
+        jobs = [found] if found.ranks else []
+    else:
+        jobs = trace.find_jobs(include_ended=all_jobs)
+    if as_json:
+        print(json.dumps(trace.as_json(jobs), indent=2))
+        return 0 if jobs else 1
+    if not jobs:
+        print("ucxcomm status: no running job of this user on this host keeps a flight "
+              "recorder (jobs started by ucxcomm run, torchrun or another launcher are "
+              "found here once their ranks called ucxcomm.init)", file=sys.stderr)
+        return 1
+    print("\n\n".join(trace.report(j, last=last) for j in jobs))
     return 0
 
 
@@ -151,6 +177,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="core: rank r runs only on the r-th CPU this launcher may use "
                      "(round robin when ranks outnumber them); default none")
     run.add_argument("prog", nargs=argparse.REMAINDER, help="program and its arguments")
+    status = sub.add_parser(
+        "status", help="what each rank of this host's running jobs waits in, for how long, "
+        "and why (from the ranks' flight recorders; answers while they hang)")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--job", default=None,
+                        help="a job's directory or name (default: every running job)")
+    status.add_argument("--all", action="store_true", dest="all_jobs",
+                        help="also jobs whose processes are gone")
+    status.add_argument("--last", type=int, default=5,
+                        help="completed operations shown per rank (default 5)")
     info = sub.add_parser("info", help="UCX version and library, RDMA/verbs, transports, tag "
                           "offload, CUDA support, and why")
     info.add_argument("--json", action="store_true")
@@ -172,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("no program given")
         return run_job(args.n, prog, tag_output=args.tag_output, timeout=args.timeout,
                        bind=args.bind)
+    if args.cmd == "status":
+        return _status(args.json, args.job, args.all_jobs, args.last)
     if args.cmd == "info":
         return _info(args.json, args.transport, args.tag_offload)
     return 2  # pragma: no cover

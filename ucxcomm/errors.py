@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AuthenticationError",
     "BootstrapError",
@@ -33,11 +35,16 @@ class PeerFailure(UcxCommError):
     ----------
     peer : int or None
         The rank (or transport-level peer label) that failed, when known.
+    operations : tuple of ucxcomm.comm.trace.Op
+        What the failure interrupted, from this process's flight recorder: its
+        operations in flight on (or failed by) the dead peer, and its collectives in
+        flight, when the error was raised (empty where none were recorded).
     """
 
     def __init__(self, message: str, peer: int | None = None) -> None:
         super().__init__(message)
         self.peer = peer
+        self.operations: tuple[Any, ...] = ()
 
 
 class ProtocolError(PeerFailure):

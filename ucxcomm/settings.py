@@ -49,6 +49,13 @@ def _pos_float(text: str) -> float:
     return float(_number(text, float, 0, strict=True))
 
 
+def _trace_depth(text: str) -> int:
+    value = int(_number(text, int, 1))
+    if value > 65535:
+        raise ValueError("must be at most 65535")
+    return value
+
+
 def _text(text: str) -> str:
     return text
 
@@ -135,6 +142,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "MiB of received object payload buffers kept for reuse"),
     # bootstrap (init(timeout=, rank=, size=, store=) win)
     Setting("UCXCOMM_TIMEOUT", _pos_float, 120.0, "seconds: deadline to form the world"),
+    Setting("UCXCOMM_TRACE_DEPTH", _trace_depth, 64,
+            "operations each process's flight recorder keeps (1-65535; those still in "
+            "flight are never overwritten): comm.trace(), ucxcomm status"),
+    Setting("UCXCOMM_JOB_DIR", _text, None,
+            "the job's directory of flight-recorder files (ucxcomm status reads them)",
+            launcher=True),
     Setting("UCXCOMM_LIVENESS_S", _pos_float, 30.0,
             "seconds: a rank whose host stops answering (network cut, power off) is "
             "declared dead after about this long (TCP keepalive on the store connections)"),

@@ -228,8 +228,30 @@ async def stream(rank: int, timeout: float) -> None:
         report(rank, exc, state["last"])
 
 
+@case
+async def recorded(comm, victim, tick):
+    """Each survivor has an operation in flight on the victim when it dies (the first
+    survivor an Irecv from it, the others a barrier), posted before READY; the
+    victim waits. ``PeerFailure.operations`` must name them (printed by report)."""
+    buf = np.zeros(4)
+    first = others(comm, victim)[0]
+    if comm.rank == victim:
+        req = None
+    elif comm.rank == first:
+        req = comm.Irecv(buf, victim, tag=5)
+    else:
+        req = comm.Ibarrier()
+    for _ in range(READY_AFTER):
+        tick()
+    if req is None:
+        await asyncio.Event().wait()
+    await req
+
+
 def report(rank: int, exc: ucxcomm.PeerFailure, last: float) -> None:
     print(f"PEER-FAILURE {rank} peer {exc.peer} after {time.monotonic() - last:.3f} s",
+          flush=True)
+    print(f"OPERATIONS {rank}: " + "; ".join(f"{o.state} {o.call()}" for o in exc.operations),
           flush=True)
 
 

@@ -24,15 +24,16 @@ import weakref
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_SIMPLE, PyBUF_WRITABLE, PyObject_GetBuffer
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject, PyTypeObject
-from libc.stdint cimport uint32_t, uint64_t, uintptr_t
-from libc.string cimport memmove
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libc.string cimport memcpy, memmove, memset
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 from ucxcomm.transport._ucp cimport BufRef, EpSend, Finish, Op, TagEngine, ptr_op
 
 import numpy as np
 
 from .. import tags
-from . import algorithms, collectives, communicator, ops, request, small
+from . import algorithms, collectives, communicator, ops, request, small, trace
 
 # What the paths use from the communicator layer, bound once (C globals: no lookups).
 cdef object ndarray = np.ndarray
@@ -119,6 +120,227 @@ cdef void _sum_rows(int kind, const char *rows, int size, Py_ssize_t nbytes,
         _sum(kind, out, rows + k * nbytes, out, nbytes)
 
 
+# ====================================================================== flight recorder
+cdef extern from *:
+    """
+    typedef struct {
+        uint64_t n; int64_t t0; int64_t t1; uint64_t nbytes;
+        uint32_t cid; int32_t seq; int32_t tag; int32_t peer;
+        int32_t wpeer; int32_t crank; int32_t csize;
+        uint16_t kind; uint8_t state; uint8_t flags;
+    } ucxcomm_rec;
+    typedef struct {
+        char magic[8]; uint32_t version; uint32_t nslots; uint32_t pid;
+        int32_t rank; int32_t size; uint32_t pad;
+        uint64_t next; uint64_t lost; int64_t t_open; char pad2[8];
+    } ucxcomm_trace_hdr;
+    static inline void ucxcomm_publish(uint64_t *p, uint64_t v) {
+        __atomic_store_n(p, v, __ATOMIC_RELEASE);
+    }
+    """
+    ctypedef struct ucxcomm_rec:
+        uint64_t n
+        int64_t t0
+        int64_t t1
+        uint64_t nbytes
+        uint32_t cid
+        int32_t seq
+        int32_t tag
+        int32_t peer
+        int32_t wpeer
+        int32_t crank
+        int32_t csize
+        uint16_t kind
+        uint8_t state
+        uint8_t flags
+    ctypedef struct ucxcomm_trace_hdr:
+        char magic[8]
+        uint32_t version
+        uint32_t nslots
+        uint32_t pid
+        int32_t rank
+        int32_t size
+        uint64_t next
+        uint64_t lost
+        int64_t t_open
+    void ucxcomm_publish(uint64_t *p, uint64_t v)
+
+cdef enum:
+    ST_POSTED = 1
+    ST_WAITING = 2
+    ST_DONE = 3
+    ST_FAILED = 4
+    ST_CANCELLED = 5
+
+cdef int K_SEND = trace.KIND["Send"]
+cdef int K_RECV = trace.KIND["Recv"]
+cdef int K_IRECV = trace.KIND["Irecv"]
+cdef int K_ALLREDUCE = trace.KIND["Allreduce"]
+cdef int K_RSB = trace.KIND["Reduce_scatter_block"]
+cdef int K_ALLGATHER = trace.KIND["Allgather"]
+cdef int K_ALLTOALL = trace.KIND["Alltoall"]
+cdef int K_BCAST = trace.KIND["Bcast"]
+cdef dict _KIND = trace.KIND
+cdef object note_failure = trace.note_failure
+
+
+cdef inline int64_t _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef class Recorder:
+    """This process's flight recorder (:mod:`ucxcomm.comm.trace` describes the records
+    and the file): a ring of ``nslots`` 64-byte records in ``mem`` (a shared mapping of
+    ``path``, or private memory). The compiled paths call its C methods; Python code
+    calls :meth:`start`, :meth:`end` and :meth:`fail`."""
+
+    cdef ucxcomm_trace_hdr *hdr
+    cdef ucxcomm_rec *recs
+    cdef uint32_t nslots
+    cdef BufRef ref
+    cdef readonly object mem
+    cdef readonly object path
+    cdef object last
+
+    def __init__(self, mem, path, int nslots, int rank, int size, int pid):
+        if nslots < 1 or nslots > 65535:
+            raise ValueError(f"a recorder holds 1 to 65535 records, not {nslots}")
+        self.mem = mem
+        self.path = path
+        self.ref = BufRef.__new__(BufRef)
+        PyObject_GetBuffer(mem, &self.ref.view, PyBUF_WRITABLE)
+        self.ref.held = True
+        if self.ref.view.len < 64 + 64 * <Py_ssize_t>nslots:
+            raise ValueError("the recorder's memory is too small")
+        memset(self.ref.view.buf, 0, 64 + 64 * <size_t>nslots)
+        self.hdr = <ucxcomm_trace_hdr *>self.ref.view.buf
+        self.recs = <ucxcomm_rec *>(<char *>self.ref.view.buf + 64)
+        self.nslots = nslots
+        self.hdr.version = trace.VERSION
+        self.hdr.nslots = nslots
+        self.hdr.pid = pid
+        self.hdr.rank = rank
+        self.hdr.size = size
+        self.hdr.t_open = _now_ns()
+        memcpy(self.hdr.magic, <const char *>trace.MAGIC, 8)  # (last: now readable)
+
+    def close(self):
+        """Stop recording (the memory stays the caller's to unmap or delete;
+        :meth:`snapshot` returns the last records from now on)."""
+        if self.nslots == 0:
+            return
+        self.last = self.snapshot()
+        self.nslots = 0
+        self.hdr = NULL
+        self.recs = NULL
+        self.ref = None
+
+    cdef uint64_t begin(self, int kind, int state, uint32_t cid, int crank, int csize,
+                        int seq, int peer, int wpeer, int tag, uint64_t nbytes) noexcept:
+        """Record an operation; its token (for :meth:`finish`), 0 when not recording.
+        ``state`` DONE records one that finished within the call (end = start)."""
+        cdef uint32_t slot, i, st
+        cdef ucxcomm_rec *r
+        if self.nslots == 0:
+            return 0
+        cdef uint64_t n = self.hdr.next + 1
+        self.hdr.next = n
+        slot = <uint32_t>(n % self.nslots)
+        st = self.recs[slot].state
+        if st == ST_POSTED or st == ST_WAITING:  # (in flight: kept; find a free slot)
+            for i in range(1, self.nslots):
+                st = self.recs[(slot + i) % self.nslots].state
+                if st != ST_POSTED and st != ST_WAITING:
+                    slot = (slot + i) % self.nslots
+                    break
+            else:
+                self.hdr.lost += 1
+        r = &self.recs[slot]
+        ucxcomm_publish(&r.n, 0)
+        r.t0 = _now_ns()
+        r.t1 = r.t0 if state >= ST_DONE else 0
+        r.nbytes = nbytes
+        r.cid = cid
+        r.seq = seq
+        r.tag = tag
+        r.peer = peer
+        r.wpeer = wpeer
+        r.crank = crank
+        r.csize = csize
+        r.kind = <uint16_t>kind
+        r.state = <uint8_t>state
+        r.flags = 0
+        ucxcomm_publish(&r.n, n)
+        return (n << 16) | slot
+
+    cdef void finish(self, uint64_t token, int state) noexcept:
+        """The operation of ``token`` ended in ``state`` (nothing if its record was
+        overwritten since)."""
+        cdef ucxcomm_rec *r
+        if self.nslots == 0 or token == 0:
+            return
+        r = &self.recs[(token & 0xFFFF) % self.nslots]
+        if r.n != (token >> 16):
+            return
+        r.t1 = _now_ns()
+        r.state = <uint8_t>state
+
+    def start(self, kind, int state, uint32_t cid, int crank, int csize, int seq=-1,
+              int peer=-2, int wpeer=-2, int tag=-2, uint64_t nbytes=0):
+        """Record an operation of ``kind`` (a name of ``trace.KINDS``) starting in
+        ``state``; returns its token."""
+        return self.begin(_KIND.get(kind, 0), state, cid, crank, csize, seq, peer, wpeer,
+                          tag, nbytes)
+
+    def end(self, uint64_t token, int state=ST_DONE):
+        """The operation of ``token`` ended in ``state`` (DONE by default)."""
+        self.finish(token, state)
+
+    def waiting(self, uint64_t token):
+        """A blocking call now waits on the operation of ``token``."""
+        cdef ucxcomm_rec *r
+        if self.nslots == 0 or token == 0:
+            return
+        r = &self.recs[(token & 0xFFFF) % self.nslots]
+        if r.n == (token >> 16) and r.state == ST_POSTED:
+            r.state = ST_WAITING
+
+    def snapshot(self):
+        """A copy of the header and records (bytes; ``trace.parse`` reads it)."""
+        if self.nslots == 0:
+            return self.last or b""
+        return (<char *>self.ref.view.buf)[:64 + 64 * <Py_ssize_t>self.nslots]
+
+
+cdef class _Ended:
+    """A future's done-callback that ends the operation's record."""
+
+    cdef Recorder rec
+    cdef uint64_t token
+
+    def __call__(self, fut):
+        if fut.cancelled():
+            self.rec.finish(self.token, ST_CANCELLED)
+        elif fut.exception() is not None:
+            self.rec.finish(self.token, ST_FAILED)
+            note_failure(self.rec, fut.exception())
+        else:
+            self.rec.finish(self.token, ST_DONE)
+
+
+cdef object _track(Recorder rec, uint64_t token, object fut):
+    """End ``token``'s record when ``fut`` (an asyncio future) completes."""
+    cdef _Ended cb
+    if token == 0:
+        return
+    cb = _Ended.__new__(_Ended)
+    cb.rec = rec
+    cb.token = token
+    fut.add_done_callback(cb)
+
+
 # ====================================================================== point-to-point
 cdef class P2P:
     """A communicator's buffer point-to-point in one call into compiled code each:
@@ -142,6 +364,10 @@ cdef class P2P:
     cdef uint64_t base
     cdef Py_ssize_t size
     cdef object owner
+    cdef Recorder rec
+    cdef uint32_t cid
+    cdef int crank
+    cdef tuple members
 
     def __init__(self, comm):
         g = comm.group
@@ -154,6 +380,32 @@ cdef class P2P:
         self.base = g.p2p_base
         self.size = g.size
         self.owner = weakref.ref(comm)
+        self.rec = g.world.recorder
+        self.cid = g.cid
+        self.crank = g.rank
+        self.members = tuple(g.members)
+
+    cdef void _record(self, int kind, object peer, object tag, object res, bint wait):
+        """The record of a send or receive whose call returned ``res``."""
+        cdef int p = -2, w = -2, t = -2, state
+        cdef uint64_t token
+        cdef Recorder rec = self.rec
+        if rec.nslots == 0:
+            return
+        if type(peer) is int and -1 <= <long long>peer < self.size:
+            p = peer
+            w = self.members[p] if p >= 0 else -1
+        if type(tag) is int and -1 <= <long long>tag <= C_TAG_UB:
+            t = tag
+        if res is None or type(res) is Status:
+            state = ST_DONE
+        elif type(res) is tuple:
+            state = ST_FAILED if res[1] > res[2] else ST_DONE
+        else:
+            state = ST_WAITING if wait else ST_POSTED
+        token = rec.begin(kind, state, self.cid, self.crank, <int>self.size, -1, p, w, t, 0)
+        if state < ST_DONE:
+            _track(rec, token, res)
 
     def send(self, object obj, object dest, object tag):
         """Post the send of buffer ``obj`` to rank ``dest`` with ``tag``: None when it
@@ -172,9 +424,13 @@ cdef class P2P:
                     if type(sender) is EpSend:
                         s = <EpSend>sender
                         if not s.closed:
-                            return self.eng.c_send(s.handle, obj, self.base | <uint64_t>t,
-                                                   s.peers, s.fast)
-        return self.owner()._post_send(obj, dest, tag)
+                            res = self.eng.c_send(s.handle, obj, self.base | <uint64_t>t,
+                                                  s.peers, s.fast)
+                            self._record(K_SEND, dest, tag, res, False)
+                            return res
+        res = self.owner()._post_send(obj, dest, tag)
+        self._record(K_SEND, dest, tag, res, False)
+        return res
 
     def recv(self, object obj, object source, object tag, bint spin, bint post):
         """Receive into buffer ``obj`` (``TagEngine.irecv`` with ``spin`` and ``post``):
@@ -186,8 +442,12 @@ cdef class P2P:
             got = self.cache.get((self.kind, source, tag))
             if got is not None:
                 m = <tuple>got
-                return self.eng.c_irecv(obj, m[0], m[1], m[2], RECV_STATUS, spin, post)
-        return self.owner()._recv_slow(obj, source, tag, spin, post)
+                res = self.eng.c_irecv(obj, m[0], m[1], m[2], RECV_STATUS, spin, post)
+                self._record(K_RECV if spin else K_IRECV, source, tag, res, spin)
+                return res
+        res = self.owner()._recv_slow(obj, source, tag, spin, post)
+        self._record(K_RECV if spin else K_IRECV, source, tag, res, spin)
+        return res
 
 
 # ====================================================================== small collectives
@@ -230,8 +490,14 @@ cdef class FastCollectives:
     cdef object plain_dt      # the last dtype found to hold plain data
     cdef object rows          # bytearray(size * small_max), None after a hand-off
     cdef BufRef rows_ref
+    cdef Recorder rec
+    cdef uint32_t cid
+    cdef tuple members
 
     def __init__(self, group):
+        self.rec = group.world.recorder
+        self.cid = group.cid
+        self.members = tuple(group.members)
         self.eng = group.transport.engine
         self.rpeers = group.peers_all
         self.rank = group.rank
@@ -248,6 +514,12 @@ cdef class FastCollectives:
                 raise TypeError("FastCollectives needs the engine's endpoints")
 
     # ------------------------------------------------------------ helpers
+    cdef object _done(self, int kind, object seq, int root, Py_ssize_t nbytes):
+        """Record a collective that finished within the call; DONE."""
+        self.rec.begin(kind, ST_DONE, self.cid, self.rank, self.size, seq, root,
+                       self.members[root] if root >= 0 else -2, -2, nbytes)
+        return DONE
+
     cdef int _kernel(self, object op, object dt) except -1:
         """The reduction kernel for ``op`` on ``dt`` (0: not served); sets last_size."""
         if op is not self.last_op or dt is not self.last_dt:
@@ -446,7 +718,7 @@ cdef class FastCollectives:
         if res is None:
             _sum_rows(self.last_kind, <const char *>base, self.size, nb,
                       <char *>rref.view.buf)
-            return DONE
+            return self._done(K_RSB if split else K_ALLREDUCE, seq, -2, nb)
         return self._rows_out(res, seq, True)
 
     cdef object _copy_blocks(self, BufRef sref, BufRef rref, Py_ssize_t nb, bint split):
@@ -461,7 +733,7 @@ cdef class FastCollectives:
         res = self._post_all(sref, <uintptr_t>sref.view.buf, nb if split else 0, nb,
                              <uintptr_t>rref.view.buf, rref, seq)
         if res is None:
-            return DONE
+            return self._done(K_ALLTOALL if split else K_ALLGATHER, seq, -2, nb)
         return self._rows_out(res, seq, False)
 
     def allreduce(self, send, recv, op):
@@ -514,10 +786,12 @@ cdef class FastCollectives:
                                      ep.peers, ep.fast)
                 if sent is not None:
                     sends.append(sent)
-            return DONE if not sends else (sends, [], seq, None)
+            if not sends:
+                return self._done(K_BCAST, seq, root, ref.view.len)
+            return (sends, [], seq, None)
         eng.c_check(self.rpeers)
         rop = self._recv_op(<uintptr_t>ref.view.buf, <size_t>ref.view.len, ref, root, seq)
         got = eng.c_post_match(rop, True)
         if type(got) is tuple and rop.length == rop.cap:
-            return DONE
+            return self._done(K_BCAST, seq, root, ref.view.len)
         return ([], [got], seq, None)

@@ -32,6 +32,7 @@ from .._deadline import check_timeout, limit
 from ..errors import CollectiveError, CommTimeoutError, UcxCommError
 from ..tags import KIND_COLL, make_tag
 from . import algorithms as alg
+from . import trace
 from .algorithms import Buf, Chan, binomial
 from .ops import MAX, MIN, SUM, Op
 from .request import Request
@@ -182,13 +183,13 @@ COLLECTIVES: tuple[Collective, ...] = (
     Collective("Exscan", "Iexscan", general=("scan",)),
     Collective("bcast", general=("_bcast_obj",)),
     Collective("reduce", general=("_reduce_obj",)),
-    Collective("allreduce", general=("_reduce_obj", "_bcast_obj")),
+    Collective("allreduce", general=("_allreduce_obj", "_reduce_obj", "_bcast_obj")),
     Collective("gather", general=("_gather_obj",)),
-    Collective("allgather", general=("_gather_obj", "_bcast_obj")),
-    Collective("scatter"),
-    Collective("alltoall"),
-    Collective("scan", general=("_scan_obj",)),
-    Collective("exscan", general=("_scan_obj",)),
+    Collective("allgather", general=("_allgather_obj", "_gather_obj", "_bcast_obj")),
+    Collective("scatter", general=("_scatter_obj",)),
+    Collective("alltoall", general=("_alltoall_obj",)),
+    Collective("scan", general=("_scan_obj", "_scan_steps")),
+    Collective("exscan", general=("_scan_obj", "_scan_steps")),
 )
 
 
@@ -291,6 +292,21 @@ class Collectives:
     def _request(coro: Awaitable[Any]) -> Request:
         return Request(asyncio.ensure_future(coro))
 
+    async def _traced(self, res: Any, what: str, root: Any = None, posted: bool = False,
+                      seq: int | None = None) -> Any:
+        """Await ``res``, collective ``what``'s rest (or DONE: the compiled call
+        finished and recorded it), with its flight record (``comm/trace.py``): ``seq``
+        defaults to the sequence number the call just took."""
+        if res is DONE:
+            return None
+        g = self._group
+        rec = g.world.recorder
+        peer = root if type(root) is int and 0 <= root < self.size else -2
+        token = rec.start(what, trace.POSTED if posted else trace.WAITING, g.cid, self.rank,
+                          self.size, g.last_seq if seq is None else seq, peer,
+                          g.members[peer] if peer >= 0 else -2)
+        return await trace.follow(rec, token, res)
+
     # ============================================================== buffers
     async def Bcast(self, buf: Any, root: int = 0, *, timeout: float | None = None) -> None:
         """Broadcast ``buf`` from ``root`` into ``buf`` on every rank (binomial tree,
@@ -299,7 +315,7 @@ class Collectives:
             return await self._deadline(self._Bcast, (buf, root), timeout, "Bcast")
         res = self._Bcast(buf, root)
         if res is not DONE:
-            await res
+            await self._traced(res, "Bcast", root)
 
     def _Bcast(self, buf: Any, root: int = 0) -> Awaitable[None]:
         """Start :meth:`Bcast` (checks first): what to await, or DONE."""
@@ -321,7 +337,8 @@ class Collectives:
 
     def Ibcast(self, buf: Any, root: int = 0) -> Request:
         """Non-blocking :meth:`Bcast`."""
-        return self._request(self._bcast(buf, root))
+        return self._request(self._traced(
+            self._bcast(buf, root), "Bcast", root, posted=True))
 
     async def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0, *,
                      timeout: float | None = None) -> None:
@@ -332,7 +349,7 @@ class Collectives:
                                         timeout, "Reduce")
         res = self._Reduce(sendbuf, recvbuf, op, root)
         if res is not DONE:
-            await res
+            await self._traced(res, "Reduce", root)
 
     def _Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> Awaitable[None]:
         """Start :meth:`Reduce` (checks first): what to await, or DONE."""
@@ -355,7 +372,8 @@ class Collectives:
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> Request:
         """Non-blocking :meth:`Reduce`."""
-        return self._request(self._Reduce(sendbuf, recvbuf, op, root))
+        return self._request(self._traced(
+            self._Reduce(sendbuf, recvbuf, op, root), "Reduce", root, posted=True))
 
     async def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
                         timeout: float | None = None) -> None:
@@ -371,7 +389,7 @@ class Collectives:
                                         timeout, "Allreduce")
         res = self._Allreduce(sendbuf, recvbuf, op)
         if res is not DONE:
-            await res
+            await self._traced(res, "Allreduce")
 
     def _Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
         """Start :meth:`Allreduce` (checks first): what to await, or DONE."""
@@ -447,7 +465,8 @@ class Collectives:
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
         """Non-blocking :meth:`Allreduce`."""
-        return self._request(self._allreduce(sendbuf, recvbuf, op))
+        return self._request(self._traced(
+            self._allreduce(sendbuf, recvbuf, op), "Allreduce", posted=True))
 
     def _gatherv(self, sendbuf: Any, recvspec: Any, root: int, v: bool) -> Awaitable[None]:
         name = "Gatherv" if v else "Gather"
@@ -485,7 +504,7 @@ class Collectives:
             return await self._deadline(self._Gather, (sendbuf, recvbuf, root), timeout, "Gather")
         res = self._Gather(sendbuf, recvbuf, root)
         if res is not DONE:
-            await res
+            await self._traced(res, "Gather", root)
 
     def _Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
         """Start :meth:`Gather` (checks first): what to await, or DONE."""
@@ -500,17 +519,19 @@ class Collectives:
                                         timeout, "Gatherv")
         res = self._Gatherv(sendbuf, recvspec, root)
         if res is not DONE:
-            await res
+            await self._traced(res, "Gatherv", root)
 
     def _Gatherv(self, sendbuf: Any, recvspec: Any, root: int = 0) -> Awaitable[None]:
         """Start :meth:`Gatherv` (checks first): what to await, or DONE."""
         return self._gatherv(sendbuf, recvspec, root, True)
 
     def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        return self._request(self._gatherv(sendbuf, recvbuf, root, False))
+        return self._request(self._traced(
+            self._gatherv(sendbuf, recvbuf, root, False), "Gather", root, posted=True))
 
     def Igatherv(self, sendbuf: Any, recvspec: Any, root: int = 0) -> Request:
-        return self._request(self._gatherv(sendbuf, recvspec, root, True))
+        return self._request(self._traced(
+            self._gatherv(sendbuf, recvspec, root, True), "Gatherv", root, posted=True))
 
     def _scatterv(self, sendspec: Any, recvbuf: Any, root: int, v: bool) -> Awaitable[None]:
         name = "Scatterv" if v else "Scatter"
@@ -549,7 +570,7 @@ class Collectives:
             return await self._deadline(self._Scatter, (sendbuf, recvbuf, root), timeout, "Scatter")
         res = self._Scatter(sendbuf, recvbuf, root)
         if res is not DONE:
-            await res
+            await self._traced(res, "Scatter", root)
 
     def _Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
         """Start :meth:`Scatter` (checks first): what to await, or DONE."""
@@ -563,17 +584,19 @@ class Collectives:
                                         timeout, "Scatterv")
         res = self._Scatterv(sendspec, recvbuf, root)
         if res is not DONE:
-            await res
+            await self._traced(res, "Scatterv", root)
 
     def _Scatterv(self, sendspec: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
         """Start :meth:`Scatterv` (checks first): what to await, or DONE."""
         return self._scatterv(sendspec, recvbuf, root, True)
 
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        return self._request(self._scatterv(sendbuf, recvbuf, root, False))
+        return self._request(self._traced(
+            self._scatterv(sendbuf, recvbuf, root, False), "Scatter", root, posted=True))
 
     def Iscatterv(self, sendspec: Any, recvbuf: Any, root: int = 0) -> Request:
-        return self._request(self._scatterv(sendspec, recvbuf, root, True))
+        return self._request(self._traced(
+            self._scatterv(sendspec, recvbuf, root, True), "Scatterv", root, posted=True))
 
     def _allgatherv(self, sendbuf: Any, recvspec: Any, v: bool) -> Awaitable[None]:
         name = "Allgatherv" if v else "Allgather"
@@ -611,7 +634,7 @@ class Collectives:
             return await self._deadline(self._Allgather, (sendbuf, recvbuf), timeout, "Allgather")
         res = self._Allgather(sendbuf, recvbuf)
         if res is not DONE:
-            await res
+            await self._traced(res, "Allgather")
 
     def _Allgather(self, sendbuf: Any, recvbuf: Any) -> Awaitable[None]:
         """Start :meth:`Allgather` (checks first): what to await, or DONE."""
@@ -630,17 +653,19 @@ class Collectives:
                                         timeout, "Allgatherv")
         res = self._Allgatherv(sendbuf, recvspec)
         if res is not DONE:
-            await res
+            await self._traced(res, "Allgatherv")
 
     def _Allgatherv(self, sendbuf: Any, recvspec: Any) -> Awaitable[None]:
         """Start :meth:`Allgatherv` (checks first): what to await, or DONE."""
         return self._allgatherv(sendbuf, recvspec, True)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:
-        return self._request(self._allgatherv(sendbuf, recvbuf, False))
+        return self._request(self._traced(
+            self._allgatherv(sendbuf, recvbuf, False), "Allgather", posted=True))
 
     def Iallgatherv(self, sendbuf: Any, recvspec: Any) -> Request:
-        return self._request(self._allgatherv(sendbuf, recvspec, True))
+        return self._request(self._traced(
+            self._allgatherv(sendbuf, recvspec, True), "Allgatherv", posted=True))
 
     def _alltoallv(self, sendspec: Any, recvspec: Any, v: bool) -> Awaitable[None]:
         name = "Alltoallv" if v else "Alltoall"
@@ -688,7 +713,7 @@ class Collectives:
             return await self._deadline(self._Alltoall, (sendbuf, recvbuf), timeout, "Alltoall")
         res = self._Alltoall(sendbuf, recvbuf)
         if res is not DONE:
-            await res
+            await self._traced(res, "Alltoall")
 
     def _Alltoall(self, sendbuf: Any, recvbuf: Any) -> Awaitable[None]:
         """Start :meth:`Alltoall` (checks first): what to await, or DONE."""
@@ -706,17 +731,19 @@ class Collectives:
             return await self._deadline(self._Alltoallv, (sendspec, recvspec), timeout, "Alltoallv")
         res = self._Alltoallv(sendspec, recvspec)
         if res is not DONE:
-            await res
+            await self._traced(res, "Alltoallv")
 
     def _Alltoallv(self, sendspec: Any, recvspec: Any) -> Awaitable[None]:
         """Start :meth:`Alltoallv` (checks first): what to await, or DONE."""
         return self._alltoallv(sendspec, recvspec, True)
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
-        return self._request(self._alltoallv(sendbuf, recvbuf, False))
+        return self._request(self._traced(
+            self._alltoallv(sendbuf, recvbuf, False), "Alltoall", posted=True))
 
     def Ialltoallv(self, sendspec: Any, recvspec: Any) -> Request:
-        return self._request(self._alltoallv(sendspec, recvspec, True))
+        return self._request(self._traced(
+            self._alltoallv(sendspec, recvspec, True), "Alltoallv", posted=True))
 
     def _reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any,
                         op: Op
@@ -774,7 +801,7 @@ class Collectives:
                                         timeout, "Reduce_scatter_block")
         res = self._Reduce_scatter_block(sendbuf, recvbuf, op)
         if res is not DONE:
-            await res
+            await self._traced(res, "Reduce_scatter_block")
 
     def _Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
         """Start :meth:`Reduce_scatter_block` (checks first): what to await, or DONE."""
@@ -795,7 +822,7 @@ class Collectives:
                                         "Reduce_scatter")
         res = self._Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
         if res is not DONE:
-            await res
+            await self._traced(res, "Reduce_scatter")
 
     def _Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],
                         op: Op = SUM) -> Awaitable[None]:
@@ -805,13 +832,15 @@ class Collectives:
         return self._reduce_scatter(sendbuf, recvbuf, recvcounts, op)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
-        return self._request(self._reduce_scatter(sendbuf, recvbuf, None, op))
+        return self._request(self._traced(
+            self._reduce_scatter(sendbuf, recvbuf, None, op), "Reduce_scatter_block", posted=True))
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Sequence[int],
                         op: Op = SUM) -> Request:
         if recvcounts is None:
             raise TypeError("Ireduce_scatter: recvcounts is required")
-        return self._request(self._reduce_scatter(sendbuf, recvbuf, recvcounts, op))
+        return self._request(self._traced(
+            self._reduce_scatter(sendbuf, recvbuf, recvcounts, op), "Reduce_scatter", posted=True))
 
     def _scan(self, sendbuf: Any, recvbuf: Any, op: Op, exclusive: bool) -> Awaitable[None]:
         name = "Exscan" if exclusive else "Scan"
@@ -830,7 +859,7 @@ class Collectives:
             return await self._deadline(self._Scan, (sendbuf, recvbuf, op), timeout, "Scan")
         res = self._Scan(sendbuf, recvbuf, op)
         if res is not DONE:
-            await res
+            await self._traced(res, "Scan")
 
     def _Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
         """Start :meth:`Scan` (checks first): what to await, or DONE."""
@@ -844,17 +873,19 @@ class Collectives:
             return await self._deadline(self._Exscan, (sendbuf, recvbuf, op), timeout, "Exscan")
         res = self._Exscan(sendbuf, recvbuf, op)
         if res is not DONE:
-            await res
+            await self._traced(res, "Exscan")
 
     def _Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
         """Start :meth:`Exscan` (checks first): what to await, or DONE."""
         return self._scan(sendbuf, recvbuf, op, True)
 
     def Iscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
-        return self._request(self._scan(sendbuf, recvbuf, op, False))
+        return self._request(self._traced(
+            self._scan(sendbuf, recvbuf, op, False), "Scan", posted=True))
 
     def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Request:
-        return self._request(self._scan(sendbuf, recvbuf, op, True))
+        return self._request(self._traced(
+            self._scan(sendbuf, recvbuf, op, True), "Exscan", posted=True))
 
     # ============================================================== barrier
     async def barrier(self, *, timeout: float | None = None) -> None:
@@ -869,7 +900,7 @@ class Collectives:
         if timeout is not None:
             return await self._deadline(self.barrier, (), timeout, "barrier")
         self._check_open()
-        await self._barrier()
+        await self._traced(self._barrier(), "barrier")
 
     async def _deadline(self, call: Callable[..., Any], args: tuple[Any, ...],
                         timeout: Any, what: str) -> Any:
@@ -892,6 +923,9 @@ class Collectives:
                 res = call(*args)
                 if res is DONE:
                     return None
+                if what[0].isupper():  # (a buffer collective's start: recorded here)
+                    return await self._traced(res, what, args[-1] if "root" in
+                                              call.__code__.co_varnames else None)
                 return await res
         except CommTimeoutError:
             pass
@@ -908,7 +942,7 @@ class Collectives:
     def ibarrier(self) -> Request:
         """Non-blocking barrier."""
         self._check_open()
-        return self._request(self._barrier())
+        return self._request(self._traced(self._barrier(), "barrier", posted=True))
 
     Ibarrier = ibarrier
 
@@ -1004,7 +1038,8 @@ class Collectives:
         self._check_open()
         root = self._group.check_peer(root, "root")
         call = _ObjCall("bcast")
-        return call.result(await self._bcast_obj(call, obj, root, self._next_seq()))
+        return call.result(await self._traced(
+            self._bcast_obj(call, obj, root, self._next_seq()), "bcast", root))
 
     async def _reduce_obj(self, call: _ObjCall, obj: Any, fn: Callable[[Any, Any], Any],
                           root: int, seqs: tuple[int, int]) -> Any:
@@ -1038,7 +1073,8 @@ class Collectives:
         fn = self._pyop(op)
         seqs = (self._next_seq(), self._next_seq())
         call = _ObjCall("reduce")
-        return call.result(await self._reduce_obj(call, obj, fn, root, seqs))
+        return call.result(await self._traced(
+            self._reduce_obj(call, obj, fn, root, seqs), "reduce", root, seq=seqs[0]))
 
     async def allreduce(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
         """``op`` over every rank's object in rank order; the same result everywhere.
@@ -1050,8 +1086,13 @@ class Collectives:
         fn = self._pyop(op)
         seqs = (self._next_seq(), self._next_seq())
         call = _ObjCall("allreduce")
+        return call.result(await self._traced(self._allreduce_obj(call, obj, fn, seqs),
+                                              "allreduce", seq=seqs[0]))
+
+    async def _allreduce_obj(self, call: _ObjCall, obj: Any, fn: Callable[[Any, Any], Any],
+                             seqs: tuple[int, int]) -> Any:
         acc = await self._reduce_obj(call, obj, fn, 0, seqs)
-        return call.result(await self._bcast_obj(call, acc, 0, seqs[1]))
+        return await self._bcast_obj(call, acc, 0, seqs[1])
 
     async def _gather_obj(self, call: _ObjCall, obj: Any, root: int,
                           seq: int) -> list[Any] | None:
@@ -1073,7 +1114,8 @@ class Collectives:
         self._check_open()
         root = self._group.check_peer(root, "root")
         call = _ObjCall("gather")
-        return call.result(await self._gather_obj(call, obj, root, self._next_seq()))
+        return call.result(await self._traced(
+            self._gather_obj(call, obj, root, self._next_seq()), "gather", root))
 
     async def allgather(self, obj: Any, *, timeout: float | None = None) -> list[Any]:
         """Every rank's object, as a list in rank order, on every rank. An object that
@@ -1084,10 +1126,14 @@ class Collectives:
         self._check_open()
         seqs = (self._next_seq(), self._next_seq())
         call = _ObjCall("allgather")
+        return call.result(await self._traced(self._allgather_obj(call, obj, seqs),
+                                              "allgather", seq=seqs[0]))
+
+    async def _allgather_obj(self, call: _ObjCall, obj: Any, seqs: tuple[int, int]) -> Any:
         got: Any = await self._gather_obj(call, obj, 0, seqs[0])
         if self.rank == 0 and call.failed is not None:
             got = call.failed  # (the list is spoilt: the marker goes out instead)
-        return call.result(await self._bcast_obj(call, got, 0, seqs[1]))
+        return await self._bcast_obj(call, got, 0, seqs[1])
 
     async def scatter(self, objs: Sequence[Any] | None, root: int = 0, *,
                       timeout: float | None = None) -> Any:
@@ -1104,14 +1150,19 @@ class Collectives:
         seq = self._next_seq()
         call = _ObjCall("scatter")
         if self.rank != root:
-            return call.result(await self._orecv(call, root, seq))
+            return call.result(await self._traced(self._orecv(call, root, seq), "scatter",
+                                                  root))
+        return call.result(await self._traced(self._scatter_obj(call, items, root, seq),
+                                              "scatter", root))
+
+    async def _scatter_obj(self, call: _ObjCall, items: list[Any], root: int, seq: int) -> Any:
         futs: list[Any] = []
         for q in range(self.size):
             if q != root:
                 futs.extend(self._osend(call, items[q], q, seq))
         if futs:
             await asyncio.gather(*futs)
-        return call.result(items[root])
+        return items[root]
 
     async def alltoall(self, objs: Sequence[Any], *, timeout: float | None = None) -> list[Any]:
         """Rank ``i`` sends ``objs[j]`` to rank ``j``; returns what each rank sent here."""
@@ -1123,6 +1174,10 @@ class Collectives:
         items = list(objs)
         seq = self._next_seq()
         call = _ObjCall("alltoall")
+        return call.result(await self._traced(self._alltoall_obj(call, items, seq),
+                                              "alltoall"))
+
+    async def _alltoall_obj(self, call: _ObjCall, items: list[Any], seq: int) -> list[Any]:
         p, r = self.size, self.rank
         futs: list[Any] = []
         for s in range(1, p):
@@ -1134,13 +1189,18 @@ class Collectives:
             out[q] = await self._orecv(call, q, seq)
         if futs:
             await asyncio.gather(*futs)
-        return call.result(out)
+        return out
 
     async def _scan_obj(self, obj: Any, op: Any, exclusive: bool) -> Any:
         self._check_open()
         fn = self._pyop(op)
         seq = self._next_seq()
         call = _ObjCall("exscan" if exclusive else "scan")
+        return call.result(await self._traced(self._scan_steps(call, obj, fn, exclusive, seq),
+                                              call.name))
+
+    async def _scan_steps(self, call: _ObjCall, obj: Any, fn: Callable[[Any, Any], Any],
+                          exclusive: bool, seq: int) -> Any:
         r, p = self.rank, self.size
         partial, result, have = obj, (None if exclusive else obj), not exclusive
         mask = 1
@@ -1160,7 +1220,7 @@ class Collectives:
             mask <<= 1
         if type(result) is not _Failed:
             call.failed = None  # (a failure this rank's result does not depend on)
-        return call.result(result)
+        return result
 
     async def scan(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
         """Inclusive prefix: rank ``i`` gets ``op`` over ranks ``0..i`` (in rank order)."""

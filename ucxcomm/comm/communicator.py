@@ -25,6 +25,7 @@ from ..tags import (
     TAG_UB,
     split_tag,
 )
+from . import trace
 from .algorithms import ScratchPool
 from .collectives import Collectives
 from .group import Group, check_int
@@ -85,6 +86,8 @@ class World:
         self.failure_listeners: list[Callable[[int], None]] = []
         self.pool = FramePool()
         self.scratch = ScratchPool()
+        #: This process's flight recorder (``comm/trace.py``), shared by its communicators.
+        self.recorder = trace.open_recorder(rank, size)
         self.comm = Comm(self, tuple(range(size)), 0)
 
     def endpoint(self, world_rank: int) -> Link:
@@ -133,6 +136,7 @@ class World:
         if self.closed:
             return
         self.closed = True
+        trace.close_recorder(self.recorder)
         self.pool.clear()
         self.scratch.clear()
         try:
@@ -148,6 +152,7 @@ class World:
 
     def abort(self) -> None:
         self.closed = True
+        trace.close_recorder(self.recorder)
         self.worker.abort()
 
 
@@ -203,6 +208,19 @@ class Comm(Collectives):
         (``group.members``, world ranks) and what its point-to-point, collectives and
         windows share (for ucxcomm's own modules; ``Comm``'s methods are the API)."""
         return self._group
+
+    def trace(self) -> list[trace.Op]:
+        """This process's last operations on this communicator, oldest first, from its
+        flight recorder (:mod:`ucxcomm.comm.trace`; ``UCXCOMM_TRACE_DEPTH`` records per
+        process, shared by its communicators, those still in flight always kept): each a
+        :class:`~ucxcomm.comm.trace.Op` with kind, state (posted, waiting, done, failed,
+        cancelled), peer or root, tag, sequence number, start and end. Readable after
+        the communicator closed (its last records)."""
+        data = self._world.recorder.snapshot()
+        if not data:
+            return []
+        cid = self._group.cid
+        return [o for o in trace.parse(data)[1] if o.cid == cid]
 
     # ------------------------------------------------------- buffer messages
     def _post_send(self, buf: Any, dest: Any, tag: Any) -> Any:
@@ -345,21 +363,28 @@ class Comm(Collectives):
                 ep = self._ep(dest)
             fut = ep.isend(message, self._p2p_base | tag)
             if fut is None:
+                self._record("send", dest, tag, trace.DONE)
                 return
             futs = [fut]
         else:
             futs = [f for f in self._group.send_framed(message, frames, dest, KIND_P2P, tag)
                     if f is not None]
             if not futs:
+                self._record("send", dest, tag, trace.DONE)
                 return
+        token = self._record("send", dest, tag, trace.WAITING)
         if len(futs) == 1:
-            if timeout is None:
-                await self._transport.complete(futs[0])
-            else:
-                await within(self._transport.complete(futs[0]), timeout, "send")
+            done: Any = self._transport.complete(futs[0])
         else:
             self._transport.wake()
-            await within(asyncio.gather(*futs), timeout, "send")
+            done = asyncio.gather(*futs)
+        await within(trace.follow(self._world.recorder, token, done), timeout, "send")
+
+    def _record(self, kind: str, peer: int, tag: int, state: int) -> int:
+        """Start the flight record of point-to-point ``kind``; its token."""
+        g = self._group
+        return g.world.recorder.start(kind, state, g.cid, self.rank, self.size, -1, peer,
+                                      g.members[peer] if peer >= 0 else peer, tag)
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
         """Start sending an object; returns a :class:`Request`."""
@@ -387,14 +412,14 @@ class Comm(Collectives):
         if type(res) is tuple:  # fast path: a small object that was already here
             obj = loads_inline(res[2])
             if obj is not FRAMED:
+                self._record("recv", source, tag, trace.DONE)
                 if return_status:
                     src, utag = split_tag(res[0])
                     return obj, Status(src, utag, res[1])
                 return obj
-        if timeout is None:
-            obj, status = await self._finish_recv_obj(res)
-        else:
-            obj, status = await within(self._finish_recv_obj(res), timeout, "recv")
+        token = self._record("recv", source, tag, trace.WAITING)
+        obj, status = await within(trace.follow(self._world.recorder, token,
+                                                self._finish_recv_obj(res)), timeout, "recv")
         return (obj, status) if return_status else obj
 
     def irecv(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:

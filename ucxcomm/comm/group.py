@@ -188,6 +188,11 @@ class Group:
         self._coll_seq = (seq + 1) & TAG_UB
         return seq
 
+    @property
+    def last_seq(self) -> int:
+        """The sequence number the last collective took (for its flight record)."""
+        return (self._coll_seq - 1) & TAG_UB
+
     async def await_recv(self, fut: asyncio.Future) -> Any:
         """Await a receive future; on cancellation withdraw it, or, if it already
         matched a message, wait until that message is fully consumed."""

@@ -22,12 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import secrets
+import shutil
 import signal
 import sys
+import tempfile
+import time
 from collections.abc import Sequence
 
+from ..comm import trace
 from .ports import free_port
 from .store import StoreServer
 
@@ -123,8 +128,13 @@ class _Job:
         token = secrets.token_hex(16)
         server = await StoreServer(token, "127.0.0.1", 0).start()
         loop = asyncio.get_running_loop()
+        jobdir = _make_job_dir(self.cmd, self.nprocs)
         try:
             base = dict(os.environ)
+            if jobdir is not None:
+                base["UCXCOMM_JOB_DIR"] = jobdir
+            else:
+                base.pop("UCXCOMM_JOB_DIR", None)
             base.setdefault("PYTHONFAULTHANDLER", "1")
             base.update(UCXCOMM_SIZE=str(self.nprocs), UCXCOMM_STORE=f"127.0.0.1:{server.port}",
                         UCXCOMM_TOKEN=token, UCXCOMM_LOCAL_SIZE=str(self.nprocs))
@@ -194,8 +204,10 @@ class _Job:
                         for r, p in enumerate(self.procs)]
             done, _ = await asyncio.wait(watchers, timeout=self.timeout)
             if len(done) < len(watchers):
-                self._say(f"timed out after {self.timeout:g} s; dumping stacks and "
-                          "stopping all ranks")
+                self._say(f"timed out after {self.timeout:g} s; the ranks' flight "
+                          "recorders, then their stacks, then stopping all ranks")
+                if jobdir is not None:
+                    self._say("status:\n" + trace.report(trace.load_job(jobdir)))
                 if self.code is None:
                     self.code = 124
                 # Ranks that joined the world log their asyncio tasks on SIGUSR1; then
@@ -223,6 +235,23 @@ class _Job:
                 self.stopping = False
                 await self.stop(signal.SIGKILL)
             await server.close()
+            if jobdir is not None:
+                shutil.rmtree(jobdir, ignore_errors=True)
+
+
+def _make_job_dir(cmd: Sequence[str], nprocs: int) -> str | None:
+    """A fresh directory for the job's flight recorders (``comm/trace.py``), with a
+    ``job.json`` naming this launcher; None where none can be made."""
+    try:
+        root = os.path.dirname(trace.job_dir())
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        path = tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=root)
+        with open(os.path.join(path, "job.json"), "w") as f:
+            json.dump(dict(pid=os.getpid(), nprocs=nprocs, argv=list(cmd),
+                           started=time.time()), f)
+        return path
+    except OSError:
+        return None
 
 
 def run_job(nprocs: int, argv: Sequence[str], *, tag_output: bool = False,
