@@ -35,6 +35,11 @@ def test_in_flight_records_are_never_overwritten():
     run_case(CASES, "in_flight_records_stay", 3, env={"UCXCOMM_TRACE_DEPTH": "4"})
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_window_synchronization_is_recorded(nranks):
+    run_case(CASES, "window_synchronization", nranks)
+
+
 def test_failed_and_abandoned_calls_are_recorded_so():
     run_case(CASES, "failed_and_timed_out_calls", 2)
 

@@ -126,5 +126,37 @@ async def failed_and_timed_out_calls(comm):
     await dup.close()
 
 
+@case
+async def window_synchronization(comm):
+    """Fence, Lock and Unlock are recorded with their target; a Lock that waits for
+    another rank's exclusive one is in flight in the records while it waits."""
+    r, p = comm.rank, comm.size
+    win = await ucxcomm.Win.Allocate(comm, 64)
+    await win.Fence()
+    await win.Lock(0)
+    await win.Unlock(0)
+    ops = [(o.kind, o.peer, o.state) for o in comm.trace() if o.kind.startswith("Win.")]
+    assert ops == [("Win.Fence", None, "done"), ("Win.Lock", 0, "done"),
+                   ("Win.Unlock", 0, "done")], ops
+    assert [o.call() for o in comm.trace() if o.kind == "Win.Lock"] == ["Win.Lock(rank=0)"]
+    await comm.barrier()
+    if r == 0:
+        await win.Lock(p - 1)
+    await comm.barrier()
+    if r == 1:  # waits for rank 0's exclusive lock
+        task = asyncio.ensure_future(win.Lock(p - 1))
+        done, _ = await asyncio.wait([task], timeout=0.5)  # (held: it cannot finish)
+        assert not done
+        assert [o.call() for o in comm.trace() if o.kind == "Win.Lock" and o.in_flight] \
+            == [f"Win.Lock(rank={p - 1})"], comm.trace()
+        await comm.send("waiting", 0, tag=1)
+        await task
+        await win.Unlock(p - 1)
+    elif r == 0:
+        assert await comm.recv(1, tag=1) == "waiting"
+        await win.Unlock(p - 1)
+    await win.Free()
+
+
 if __name__ == "__main__":
     cases.main()

@@ -32,7 +32,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,11 +203,12 @@ def note_failure(rec: Any, exc: BaseException) -> None:
         and (dead is None or o.seq is not None or o.world_peer in (dead, ANY_SOURCE)))
 
 
-async def follow(rec: Any, token: int, aw: Any) -> Any:
-    """Await ``aw``, then end the record ``token`` of ``rec`` as it ended (done,
-    failed, cancelled)."""
+@contextlib.contextmanager
+def recorded(rec: Any, token: int) -> Iterator[None]:
+    """End the record ``token`` of ``rec`` as the block ends: done, failed (a
+    PeerFailure gets :func:`note_failure`), cancelled."""
     try:
-        out = await aw
+        yield
     except asyncio.CancelledError:
         rec.end(token, CANCELLED)
         raise
@@ -216,7 +217,12 @@ async def follow(rec: Any, token: int, aw: Any) -> Any:
         note_failure(rec, exc)
         raise
     rec.end(token)
-    return out
+
+
+async def follow(rec: Any, token: int, aw: Any) -> Any:
+    """Await ``aw`` with the record ``token`` of ``rec`` ended as it ends."""
+    with recorded(rec, token):
+        return await aw
 
 
 # ------------------------------------------------------------------ reading
@@ -266,6 +272,8 @@ class Op:
                 args.append(f"tag={'ANY_TAG' if self.tag == ANY_TAG else self.tag}")
         elif k in _ROOTED and self.peer is not None:
             args.append(f"root={self.peer}")
+        elif self.kind.startswith("Win.") and self.peer is not None:
+            args.append(f"rank={self.peer}")
         if self.nbytes:
             args.append(f"{self.nbytes} B")
         text = f"{self.kind}({', '.join(args)})" if args or k in _P2P_KINDS else self.kind

@@ -43,6 +43,7 @@ import numpy as np
 from .._buffers import typed_flat
 from .._deadline import NEVER, Deadline, check_timeout, within
 from ..errors import ClosedError, CommTimeoutError, PeerFailure, WindowError
+from . import trace
 from .collectives import _ufunc
 from .ops import BAND, BOR, BXOR, NO_OP, REPLACE, SUM, Op
 
@@ -389,8 +390,9 @@ class Win:
         (collective: one that timed out leaves the communicator's collectives out of
         step)."""
         deadline = Deadline(timeout, "Fence")
-        await self.Flush_all(timeout=deadline.left())
-        await self.comm.barrier(timeout=deadline.left())
+        with self._recorded("Win.Fence", None):
+            await self.Flush_all(timeout=deadline.left())
+            await self.comm.barrier(timeout=deadline.left())
 
     async def Lock(self, rank: int, exclusive: bool = True, *,
                    timeout: float | None = None) -> None:
@@ -416,24 +418,34 @@ class Win:
             raise PeerFailure(f"Lock: rank {r} died", peer=r)
         ctl = self._ctl[r]
         attempt = 0
-        if exclusive:
-            mine = _EXCL | self.comm.rank << _HOLDER_SHIFT
-            while (old := await ctl.atomic("cswap", mine, 0, np.int64, compare=0)) != 0:
-                self._check_holders(r, old, "Lock")
-                deadline.check()
-                await _backoff(attempt)
-                attempt += 1
-        else:
-            while True:
-                old = await ctl.atomic("add", 1, 0, np.int64)
-                if not old & _EXCL:
-                    break
-                await ctl.atomic("add", -1, 0, np.int64, fetch=False)
-                self._check_holders(r, old, "Lock")
-                deadline.check()
-                await _backoff(attempt)
-                attempt += 1
+        with self._recorded("Win.Lock", r):
+            if exclusive:
+                mine = _EXCL | self.comm.rank << _HOLDER_SHIFT
+                while (old := await ctl.atomic("cswap", mine, 0, np.int64, compare=0)) != 0:
+                    self._check_holders(r, old, "Lock")
+                    deadline.check()
+                    await _backoff(attempt)
+                    attempt += 1
+            else:
+                while True:
+                    old = await ctl.atomic("add", 1, 0, np.int64)
+                    if not old & _EXCL:
+                        break
+                    await ctl.atomic("add", -1, 0, np.int64, fetch=False)
+                    self._check_holders(r, old, "Lock")
+                    deadline.check()
+                    await _backoff(attempt)
+                    attempt += 1
         self._held[r] = exclusive
+
+    def _recorded(self, kind: str, r: int | None) -> contextlib.AbstractContextManager[None]:
+        """The flight record (``comm/trace.py``) of synchronization ``kind`` with rank
+        ``r`` (None: all), ended as the block ends."""
+        g = self.comm.group
+        rec = g.world.recorder
+        peer = -2 if r is None else r
+        return trace.recorded(rec, rec.start(kind, trace.WAITING, g.cid, g.rank, g.size,
+                                             -1, peer, -2 if r is None else g.members[r]))
 
     def _dead(self, rank: int) -> bool:
         group = self.comm.group
@@ -480,7 +492,8 @@ class Win:
             raise PeerFailure(f"Unlock: rank {r} died", peer=r)
         # Shielded: once this rank has forgotten the lock, a cancellation of the caller
         # must not leave the lock word set at the target (every other rank would spin).
-        await within(asyncio.shield(self._release(r, exclusive)), timeout, "Unlock")
+        with self._recorded("Win.Unlock", r):
+            await within(asyncio.shield(self._release(r, exclusive)), timeout, "Unlock")
 
     async def _release(self, r: int, exclusive: bool) -> None:
         await self._mem[r].flush()
