@@ -80,6 +80,8 @@ async def in_flight_records_stay(comm):
     if req is not None:
         assert [(o.kind, o.state, o.tag) for o in ops if o.kind == "Irecv"] == \
             [("Irecv", "posted", 9)], ops
+    await comm.barrier()  # (every rank has looked before any sends)
+    if req is not None:
         await comm.Send(np.ones(2), 1 - r, tag=9)
         await req
         await asyncio.sleep(0)  # (a future's done-callbacks run on the loop's next turn)

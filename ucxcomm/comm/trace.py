@@ -524,7 +524,9 @@ def report(job: Job, now: float | None = None, last: int = 5) -> str:
         for o in r.in_flight:
             lines.append(f"  {o.state:<9} {o.call()}  for {o.waited(now):.3f} s")
         for o in r.completed[-last:]:
-            lines.append(f"  {o.state:<9} {o.call()}  took {o.waited(now) * 1e6:.0f} us, "
+            took = ("within its call" if o.end == o.start
+                    else f"took {o.waited(now) * 1e6:.0f} us")
+            lines.append(f"  {o.state:<9} {o.call()}  {took}, "
                          f"ended {now - (o.end or o.start):.1f} s ago")
         if r.lost:
             lines.append(f"  ({r.lost} in-flight record(s) overwritten: more in flight "
