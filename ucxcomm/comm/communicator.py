@@ -67,7 +67,8 @@ class World:
     """
 
     def __init__(self, worker: Transport, rank: int, size: int,
-                 addresses: list[bytes], hosts: list[bytes] | None = None) -> None:
+                 addresses: list[bytes], hosts: list[bytes] | None = None,
+                 trace_part: str = "") -> None:
         worker.carry("communicator")  # (no connection may share its tags)
         self.worker = worker
         self.rank = rank
@@ -87,7 +88,8 @@ class World:
         self.pool = FramePool()
         self.scratch = ScratchPool()
         #: This process's flight recorder (``comm/trace.py``), shared by its communicators.
-        self.recorder = trace.open_recorder(rank, size)
+        #: (``trace_part``: a world of its own within the job, e.g. a torch group's.)
+        self.recorder = trace.open_recorder(rank, size, trace_part)
         self.comm = Comm(self, tuple(range(size)), 0)
 
     def endpoint(self, world_rank: int) -> Link:

@@ -24,6 +24,7 @@ world closes; ``ucxcomm run`` removes the job's directory when the job ends.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import mmap
@@ -100,10 +101,12 @@ def _root() -> str:
     return os.path.join(base, f"ucxcomm-{os.getuid()}")
 
 
-def job_dir(create: bool = False) -> str:
+def job_dir(create: bool = False, part: str = "") -> str:
     """This process's job directory: ``UCXCOMM_JOB_DIR`` (set by ``ucxcomm run``), else
     one named after the job's bootstrap address (``UCXCOMM_STORE``, or torchrun's
-    ``MASTER_ADDR``/``MASTER_PORT``), else after the parent process."""
+    ``MASTER_ADDR``/``MASTER_PORT``), else after the parent process; ``part`` names a
+    world of its own within the job (a torch process group's: a sibling directory
+    ``<job>-<part>``)."""
     given = settings.get("UCXCOMM_JOB_DIR")
     if given:
         path = given
@@ -114,6 +117,8 @@ def job_dir(create: bool = False) -> str:
         key = ("store-" + re.sub(r"[^A-Za-z0-9.]+", "_", store) if store
                else f"ppid-{os.getppid()}")
         path = os.path.join(_root(), key)
+    if part:
+        path += "-" + re.sub(r"[^A-Za-z0-9.]+", "_", part)
     if create:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         os.makedirs(path, mode=0o700, exist_ok=True)
@@ -143,13 +148,13 @@ def prune(now: float | None = None) -> None:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def open_file(rank: int, nslots: int) -> tuple[Any, str | None]:
+def open_file(rank: int, nslots: int, part: str = "") -> tuple[Any, str | None]:
     """``(memory, path)`` for a recorder of ``nslots`` records: a shared mapping of the
-    job directory's ``rank<N>.trace``, or (no writable directory) private memory and
-    None."""
+    job directory's ``rank<N>.trace`` (``part``: see :func:`job_dir`), or (no writable
+    directory) private memory and None."""
     size = HEADER.itemsize + nslots * RECORD.itemsize
     try:
-        path = os.path.join(job_dir(create=True), f"rank{rank}.trace")
+        path = os.path.join(job_dir(create=True, part=part), f"rank{rank}.trace")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, size)
@@ -161,7 +166,7 @@ def open_file(rank: int, nslots: int) -> tuple[Any, str | None]:
         return bytearray(size), None
 
 
-def open_recorder(rank: int, size: int) -> Any:
+def open_recorder(rank: int, size: int, part: str = "") -> Any:
     """This process's recorder (``comm/_fast.pyx``'s ``Recorder``) for world rank
     ``rank`` of ``size``, in the job directory's file where one can be made (rank 0
     first removes stale directories of ended jobs: :func:`prune`)."""
@@ -170,19 +175,39 @@ def open_recorder(rank: int, size: int) -> Any:
     if rank == 0:
         prune()
     n = depth()
-    mem, path = open_file(rank, n)
-    return _fast.Recorder(mem, path, n, rank, size, os.getpid())
+    mem, path = open_file(rank, n, part)
+    rec = _fast.Recorder(mem, path, n, rank, size, os.getpid())
+    if path is not None:
+        if not _open:
+            atexit.register(_at_exit)
+        _open.add(rec)
+    return rec
+
+
+_open: set[Any] = set()
+
+
+def _at_exit() -> None:
+    """A process that ends without closing its world (torch's, for one) removes its
+    records too, unless it ends with an operation in flight or failed: those stay for
+    ``ucxcomm status --all`` (as a killed process's do)."""
+    for rec in list(_open):
+        with contextlib.suppress(Exception):
+            data = rec.snapshot()
+            if data and not any(o.state in ("posted", "waiting", "failed")
+                                for o in parse(data)[1]):
+                close_recorder(rec)
 
 
 def close_recorder(rec: Any) -> None:
     """Stop ``rec`` and remove its file (its last records stay readable in-process)."""
+    _open.discard(rec)
     rec.close()
     if rec.path is not None:
         with contextlib.suppress(OSError):
             os.unlink(rec.path)
-        if not settings.get("UCXCOMM_JOB_DIR"):  # (ucxcomm run removes its own)
-            with contextlib.suppress(OSError):
-                os.rmdir(os.path.dirname(rec.path))
+        with contextlib.suppress(OSError):  # (the last one out; ucxcomm run's job
+            os.rmdir(os.path.dirname(rec.path))  # directory holds job.json: its own)
     if isinstance(rec.mem, mmap.mmap):
         with contextlib.suppress(BufferError, ValueError):
             rec.mem.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import json
 import os
 import secrets
@@ -235,8 +236,9 @@ class _Job:
                 self.stopping = False
                 await self.stop(signal.SIGKILL)
             await server.close()
-            if jobdir is not None:
-                shutil.rmtree(jobdir, ignore_errors=True)
+            if jobdir is not None:  # (and its torch groups': see trace.job_dir)
+                for path in [jobdir, *glob.glob(glob.escape(jobdir) + "-*")]:
+                    shutil.rmtree(path, ignore_errors=True)
 
 
 def _make_job_dir(cmd: Sequence[str], nprocs: int) -> str | None:

@@ -123,7 +123,8 @@ def form_world(lt: LoopThread, store: Any, rank: int, size: int, timeout: float)
         store.set(f"{prefix}addr/{rank}", worker.address)
         if server is not None:
             store.set(f"{prefix}live", json.dumps(
-                {"host": advertise, "port": server.port, "token": token}))
+                {"host": advertise, "port": server.port, "token": token,
+                 "trace": secrets.token_hex(6)}))
         keys = [f"{prefix}addr/{r}" for r in range(size)]
         store.wait(keys, timedelta(seconds=timeout))
         addresses = [bytes(store.get(k)) for k in keys]
@@ -132,8 +133,12 @@ def form_world(lt: LoopThread, store: Any, rank: int, size: int, timeout: float)
         lt.run(_abort(worker, server), 10.0)
         raise
 
+    # The group's flight recorders: a job directory of their own (its ranks are not the
+    # job's), named alike on every member.
+    part = f"torch-{live['trace']}" if live is not None else f"torch-{os.getpid()}-{gen}"
+
     async def join() -> World:
-        world = World(worker, rank, size, addresses)
+        world = World(worker, rank, size, addresses, trace_part=part)
         if live is None:
             return world
         client = None
