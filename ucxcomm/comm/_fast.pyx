@@ -401,23 +401,31 @@ cdef class P2P:
         self.members = tuple(g.members)
 
     cdef void _record(self, int kind, object peer, object tag, object res, bint wait):
-        """The record of a send or receive whose call returned ``res``."""
-        cdef int p = -2, w = -2, t = -2, state
+        """The record of a send or receive whose call (a Python path's) returned
+        ``res``: :meth:`_rec` once the rank and tag are known to be ints in range."""
+        cdef int p = -2, t = -2
+        if type(peer) is int and -1 <= <long long>peer < self.size:
+            p = peer
+        if type(tag) is int and -1 <= <long long>tag <= C_TAG_UB:
+            t = tag
+        self._rec(kind, p, t, res, wait)
+
+    cdef inline void _rec(self, int kind, int p, int t, object res, bint wait):
+        """The record of a send or receive to or from rank ``p`` (-1: any, -2: none)
+        with tag ``t`` whose call returned ``res``: done (None, a Status), failed (a
+        truncated result), else in flight until the future ``res`` completes."""
+        cdef int state, w
         cdef uint64_t token
         cdef Recorder rec = self.rec
         if rec.nslots == 0:
             return
-        if type(peer) is int and -1 <= <long long>peer < self.size:
-            p = peer
-            w = self.members[p] if p >= 0 else -1
-        if type(tag) is int and -1 <= <long long>tag <= C_TAG_UB:
-            t = tag
         if res is None or type(res) is Status:
             state = ST_DONE
         elif type(res) is tuple:
             state = ST_FAILED if res[1] > res[2] else ST_DONE
         else:
             state = ST_WAITING if wait else ST_POSTED
+        w = p if (p < 0 or self.cid == 0) else <int>self.members[p]  # (world: the same)
         token = rec.begin(kind, state, self.cid, self.crank, <int>self.size, -1, p, w, t, 0)
         if state < ST_DONE:
             _track(rec, token, res)
@@ -441,7 +449,7 @@ cdef class P2P:
                         if not s.closed:
                             res = self.eng.c_send(s.handle, obj, self.base | <uint64_t>t,
                                                   s.peers, s.fast)
-                            self._record(K_SEND, dest, tag, res, False)
+                            self._rec(K_SEND, <int>d, <int>t, res, False)
                             return res
         res = self.owner()._post_send(obj, dest, tag)
         self._record(K_SEND, dest, tag, res, False)
@@ -458,7 +466,8 @@ cdef class P2P:
             if got is not None:
                 m = <tuple>got
                 res = self.eng.c_irecv(obj, m[0], m[1], m[2], RECV_STATUS, spin, post)
-                self._record(K_RECV if spin else K_IRECV, source, tag, res, spin)
+                # (a cached match: source and tag are ints in range)
+                self._rec(K_RECV if spin else K_IRECV, <int>source, <int>tag, res, spin)
                 return res
         res = self.owner()._recv_slow(obj, source, tag, spin, post)
         self._record(K_RECV if spin else K_IRECV, source, tag, res, spin)
