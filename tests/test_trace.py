@@ -239,3 +239,25 @@ def test_stale_job_directories_are_pruned_and_recent_ones_kept(tmp_path):
     finally:
         for path in made.values():
             shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_directory_another_user_could_write_is_refused(tmp_path, monkeypatch):
+    """Shared memory is world-writable: the recorder files go only into a directory of
+    this user's that nobody else can write, never through a planted symlink."""
+    open_dir = tmp_path / "job"
+    open_dir.mkdir(mode=0o777)
+    os.chmod(open_dir, 0o777)
+    monkeypatch.setenv("UCXCOMM_JOB_DIR", str(open_dir))
+    with pytest.raises(PermissionError):
+        trace.job_dir(create=True)
+    mem, path = trace.open_file(0, 4)  # (falls back to private memory)
+    assert path is None and len(mem) == 64 * 5
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    os.symlink(victim, private / "rank0.trace")
+    monkeypatch.setenv("UCXCOMM_JOB_DIR", str(private))
+    mem, path = trace.open_file(0, 4)
+    assert path is None
+    assert victim.read_bytes() == b"keep me"

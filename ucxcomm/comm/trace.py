@@ -31,6 +31,7 @@ import mmap
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -120,9 +121,18 @@ def job_dir(create: bool = False, part: str = "") -> str:
     if part:
         path += "-" + re.sub(r"[^A-Za-z0-9.]+", "_", part)
     if create:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        for d in (os.path.dirname(path), path):
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            _check_private(d)
     return path
+
+
+def _check_private(path: str) -> None:
+    """Refuse (OSError) a directory another user could have made or can write: the
+    recorder files are created in it (shared memory is world-writable)."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise PermissionError(f"{path} is not a private directory of this user")
 
 
 #: A job directory whose processes are all gone is removed (by the next process that
@@ -155,7 +165,7 @@ def open_file(rank: int, nslots: int, part: str = "") -> tuple[Any, str | None]:
     size = HEADER.itemsize + nslots * RECORD.itemsize
     try:
         path = os.path.join(job_dir(create=True, part=part), f"rank{rank}.trace")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             os.ftruncate(fd, size)
             mem: Any = mmap.mmap(fd, size)
