@@ -31,6 +31,10 @@ def test_records_known_traffic(nranks):
     run_case(CASES, "records_known_traffic", nranks)
 
 
+def test_the_recorder_turned_off_records_nothing():
+    run_case(CASES, "recorder_off", 2, env={"UCXCOMM_TRACE_DEPTH": "0"})
+
+
 def test_in_flight_records_are_never_overwritten():
     run_case(CASES, "in_flight_records_stay", 3, env={"UCXCOMM_TRACE_DEPTH": "4"})
 

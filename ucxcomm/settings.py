@@ -50,7 +50,7 @@ def _pos_float(text: str) -> float:
 
 
 def _trace_depth(text: str) -> int:
-    value = int(_number(text, int, 1))
+    value = int(_number(text, int, 0))
     if value > 65535:
         raise ValueError("must be at most 65535")
     return value
@@ -144,7 +144,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("UCXCOMM_TIMEOUT", _pos_float, 120.0, "seconds: deadline to form the world"),
     Setting("UCXCOMM_TRACE_DEPTH", _trace_depth, 64,
             "operations each process's flight recorder keeps (1-65535; those still in "
-            "flight are never overwritten): comm.trace(), ucxcomm status"),
+            "flight are never overwritten): comm.trace(), ucxcomm status; 0 turns it off "
+            "(about 25-45 ns per operation, docs/debugging.md)"),
     Setting("UCXCOMM_JOB_DIR", _text, None,
             "the job's directory of flight-recorder files (ucxcomm status reads them)",
             launcher=True),

@@ -160,5 +160,14 @@ async def window_synchronization(comm):
     await win.Free()
 
 
+@case
+async def recorder_off(comm):
+    """UCXCOMM_TRACE_DEPTH=0 (set by the test): nothing recorded, everything works."""
+    x = np.ones(4)
+    await comm.Allreduce(x.copy(), x)
+    await comm.barrier()
+    assert comm.trace() == []
+
+
 if __name__ == "__main__":
     cases.main()

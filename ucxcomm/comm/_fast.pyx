@@ -210,14 +210,15 @@ cdef class Recorder:
     cdef ucxcomm_trace_hdr *hdr
     cdef ucxcomm_rec *recs
     cdef uint32_t nslots
+    cdef uint32_t cursor      # the next slot to try (no division on the record path)
     cdef BufRef ref
     cdef readonly object mem
     cdef readonly object path
     cdef object last
 
     def __init__(self, mem, path, int nslots, int rank, int size, int pid):
-        if nslots < 1 or nslots > 65535:
-            raise ValueError(f"a recorder holds 1 to 65535 records, not {nslots}")
+        if nslots < 0 or nslots > 65535:
+            raise ValueError(f"a recorder holds 0 (off) to 65535 records, not {nslots}")
         self.mem = mem
         self.path = path
         self.ref = BufRef.__new__(BufRef)
@@ -236,6 +237,8 @@ cdef class Recorder:
         self.hdr.size = size
         self.hdr.t_open = _now_ns()
         memcpy(self.hdr.magic, <const char *>trace.MAGIC, 8)  # (last: now readable)
+        if nslots == 0:  # (off: nothing recorded, snapshot() empty)
+            self.close()
 
     def close(self):
         """Stop recording (the memory stays the caller's to unmap or delete;
@@ -258,16 +261,20 @@ cdef class Recorder:
             return 0
         cdef uint64_t n = self.hdr.next + 1
         self.hdr.next = n
-        slot = <uint32_t>(n % self.nslots)
+        slot = self.cursor
         st = self.recs[slot].state
         if st == ST_POSTED or st == ST_WAITING:  # (in flight: kept; find a free slot)
             for i in range(1, self.nslots):
-                st = self.recs[(slot + i) % self.nslots].state
+                slot += 1
+                if slot == self.nslots:
+                    slot = 0
+                st = self.recs[slot].state
                 if st != ST_POSTED and st != ST_WAITING:
-                    slot = (slot + i) % self.nslots
                     break
             else:
+                slot = self.cursor
                 self.hdr.lost += 1
+        self.cursor = slot + 1 if slot + 1 < self.nslots else 0
         r = &self.recs[slot]
         ucxcomm_publish(&r.n, 0)
         if state >= ST_DONE:
@@ -294,9 +301,9 @@ cdef class Recorder:
         """The operation of ``token`` ended in ``state`` (nothing if its record was
         overwritten since)."""
         cdef ucxcomm_rec *r
-        if self.nslots == 0 or token == 0:
+        if self.nslots == 0 or token == 0 or (token & 0xFFFF) >= self.nslots:
             return
-        r = &self.recs[(token & 0xFFFF) % self.nslots]
+        r = &self.recs[token & 0xFFFF]
         if r.n != (token >> 16):
             return
         r.t1 = _now_ns()
@@ -313,12 +320,27 @@ cdef class Recorder:
         """The operation of ``token`` ended in ``state`` (DONE by default)."""
         self.finish(token, state)
 
+    def seen(self, uint64_t token, fut):
+        """The operation of ``token`` ended as the done future ``fut`` says: done,
+        cancelled, or failed (a PeerFailure gets ``trace.note_failure``)."""
+        if self.nslots == 0 or token == 0:
+            return
+        if fut.cancelled():
+            self.finish(token, ST_CANCELLED)
+            return
+        exc = fut.exception()
+        if exc is None:
+            self.finish(token, ST_DONE)
+        else:
+            self.finish(token, ST_FAILED)
+            note_failure(self, exc)
+
     def waiting(self, uint64_t token):
         """A blocking call now waits on the operation of ``token``."""
         cdef ucxcomm_rec *r
-        if self.nslots == 0 or token == 0:
+        if self.nslots == 0 or token == 0 or (token & 0xFFFF) >= self.nslots:
             return
-        r = &self.recs[(token & 0xFFFF) % self.nslots]
+        r = &self.recs[token & 0xFFFF]
         if r.n == (token >> 16) and r.state == ST_POSTED:
             r.state = ST_WAITING
 
@@ -327,33 +349,6 @@ cdef class Recorder:
         if self.nslots == 0:
             return self.last or b""
         return (<char *>self.ref.view.buf)[:64 + 64 * <Py_ssize_t>self.nslots]
-
-
-cdef class _Ended:
-    """A future's done-callback that ends the operation's record."""
-
-    cdef Recorder rec
-    cdef uint64_t token
-
-    def __call__(self, fut):
-        if fut.cancelled():
-            self.rec.finish(self.token, ST_CANCELLED)
-        elif fut.exception() is not None:
-            self.rec.finish(self.token, ST_FAILED)
-            note_failure(self.rec, fut.exception())
-        else:
-            self.rec.finish(self.token, ST_DONE)
-
-
-cdef object _track(Recorder rec, uint64_t token, object fut):
-    """End ``token``'s record when ``fut`` (an asyncio future) completes."""
-    cdef _Ended cb
-    if token == 0:
-        return
-    cb = _Ended.__new__(_Ended)
-    cb.rec = rec
-    cb.token = token
-    fut.add_done_callback(cb)
 
 
 # ====================================================================== point-to-point
@@ -383,6 +378,12 @@ cdef class P2P:
     cdef uint32_t cid
     cdef int crank
     cdef tuple members
+    #: The flight record of the last call that returned a future (0: none): ended by
+    #: the caller where it sees the future complete (``Comm.Send``/``Recv``, the
+    #: ``Request`` of ``Isend``/``Irecv``), not by a done-callback (one would put a
+    #: callback on the event loop's ready queue per message, and a waiter spinning in
+    #: place gives way to the loop when it sees one: an event-loop round trip each).
+    cdef public uint64_t token
 
     def __init__(self, comm):
         g = comm.group
@@ -413,11 +414,12 @@ cdef class P2P:
     cdef inline void _rec(self, int kind, int p, int t, object res, bint wait):
         """The record of a send or receive to or from rank ``p`` (-1: any, -2: none)
         with tag ``t`` whose call returned ``res``: done (None, a Status), failed (a
-        truncated result), else in flight until the future ``res`` completes."""
+        truncated result), else in flight (its token in :attr:`token`)."""
         cdef int state, w
         cdef uint64_t token
         cdef Recorder rec = self.rec
         if rec.nslots == 0:
+            self.token = 0
             return
         if res is None or type(res) is Status:
             state = ST_DONE
@@ -427,8 +429,7 @@ cdef class P2P:
             state = ST_WAITING if wait else ST_POSTED
         w = p if (p < 0 or self.cid == 0) else <int>self.members[p]  # (world: the same)
         token = rec.begin(kind, state, self.cid, self.crank, <int>self.size, -1, p, w, t, 0)
-        if state < ST_DONE:
-            _track(rec, token, res)
+        self.token = token if state < ST_DONE else 0
 
     def send(self, object obj, object dest, object tag):
         """Post the send of buffer ``obj`` to rank ``dest`` with ``tag``: None when it

@@ -305,7 +305,13 @@ class Collectives:
         token = rec.start(what, trace.POSTED if posted else trace.WAITING, g.cid, self.rank,
                           self.size, g.last_seq if seq is None else seq, peer,
                           g.members[peer] if peer >= 0 else -2)
-        return await trace.follow(rec, token, res)
+        try:  # (inline, not trace.follow: one coroutine less on every call that waits)
+            out = await res
+        except BaseException as exc:
+            trace.ended(rec, token, exc)
+            raise
+        rec.end(token)
+        return out
 
     # ============================================================== buffers
     async def Bcast(self, buf: Any, root: int = 0, *, timeout: float | None = None) -> None:

@@ -197,9 +197,10 @@ class Comm(Collectives):
         from . import _fast
 
         self._status = _fast.RECV_STATUS
-        fast = _fast.P2P(self)
+        fast = self._p2p = _fast.P2P(self)
         self._send_now = fast.send
         self._recv_now = fast.recv
+        self._rec = world.recorder
 
     def __repr__(self) -> str:
         return self._group.label
@@ -251,7 +252,8 @@ class Comm(Collectives):
         if fut is None:
             return _SENT
         self._transport.wake()
-        return Request(fut, self._transport)
+        token = self._p2p.token
+        return Request(fut, self._transport, None, None, self._rec if token else None, token)
 
     async def Send(self, buf: Any, dest: int, tag: int = 0, *,
                    timeout: float | None = None) -> None:
@@ -270,10 +272,16 @@ class Comm(Collectives):
             check_timeout(timeout, "Send")
         fut = self._send_now(buf, dest, tag)
         if fut is not None:
-            if timeout is None:
-                await self._transport.complete(fut)
-            else:
-                await within(self._transport.complete(fut), timeout, "Send")
+            token = self._p2p.token
+            try:
+                if timeout is None:
+                    await self._transport.complete(fut)
+                else:
+                    await within(self._transport.complete(fut), timeout, "Send")
+            except BaseException as exc:
+                trace.ended(self._rec, token, exc)
+                raise
+            self._rec.end(token)
 
     def _post_recv(self, buf: Any, source: Any, tag: Any, kind: int = KIND_P2P,
                    spin: bool = False, finish: Any = None, post: bool = False) -> Any:
@@ -314,10 +322,17 @@ class Comm(Collectives):
             return res
         if type(res) is tuple:
             return recv_status(res)  # (raises TruncationError)
-        if timeout is None:
-            return await self._await_recv(res)  # type: ignore[no-any-return]
-        return await within(  # type: ignore[no-any-return]
-            self._await_recv(res), timeout, "Recv")
+        token = self._p2p.token
+        try:
+            if timeout is None:
+                status = await self._await_recv(res)
+            else:
+                status = await within(self._await_recv(res), timeout, "Recv")
+        except BaseException as exc:
+            trace.ended(self._rec, token, exc)
+            raise
+        self._rec.end(token)
+        return status  # type: ignore[no-any-return]
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving into ``buf``; awaiting the request gives a :class:`Status`.
@@ -338,7 +353,8 @@ class Comm(Collectives):
                 return Request.failed(exc)
         transport = self._transport
         transport.wake()
-        return Request(res, transport)
+        token = self._p2p.token
+        return Request(res, transport, None, None, self._rec if token else None, token)
 
     # ------------------------------------------------------- object messages
     async def send(self, obj: Any, dest: int, tag: int = 0, *,

@@ -56,16 +56,29 @@ class Request:
     no event-loop round trip.
     """
 
-    __slots__ = ("_canceller", "_fut", "_result", "_transport")
+    __slots__ = ("_canceller", "_fut", "_record", "_result", "_token", "_transport")
 
     def __init__(self, fut: asyncio.Future | None, transport: Any = None,
-                 canceller: Callable[[], bool] | None = None, result: Any = None) -> None:
+                 canceller: Callable[[], bool] | None = None, result: Any = None,
+                 record: Any = None, token: int = 0) -> None:
         self._fut = fut  # None: completed with ``result`` when it was posted
         # For receives into a user buffer (cancel, settle) and for awaiting
         # (Transport.complete); None for requests made of tasks.
         self._transport = transport
         self._canceller = canceller
         self._result = result
+        # The recorder and token of the operation's flight record (comm/trace.py),
+        # ended when this request sees the operation end (await, test, done, wait*,
+        # cancel); None when not recorded.
+        self._record = record
+        self._token = token
+
+    def _seen(self) -> None:
+        """The operation ended (its future is done): end its flight record, once."""
+        rec = self._record
+        if rec is not None and self._fut is not None:
+            self._record = None
+            rec.seen(self._token, self._fut)
 
     @classmethod
     def completed(cls, result: Any = None) -> Request:
@@ -91,6 +104,8 @@ class Request:
             return self._result
             yield  # pragma: no cover - makes this a generator
         if fut.done():
+            if self._record is not None:
+                self._seen()
             return fut.result()
         return (yield from self._wait(fut).__await__())
 
@@ -102,6 +117,9 @@ class Request:
         except asyncio.CancelledError:
             await self._after_cancel()
             raise
+        finally:
+            if self._record is not None and fut.done():
+                self._seen()
 
     async def _after_cancel(self) -> None:
         """A cancelled wait: withdraw the receive, or let a matched one finish."""
@@ -117,7 +135,14 @@ class Request:
             await transport.settle(fut)
 
     def done(self) -> bool:
-        return self._fut is None or self._fut.done()
+        fut = self._fut
+        if fut is None:
+            return True
+        if fut.done():
+            if self._record is not None:
+                self._seen()
+            return True
+        return False
 
     def test(self) -> tuple[bool, Any]:
         """``(True, result)`` if the operation finished (raising its error, if any),
@@ -127,6 +152,8 @@ class Request:
             return True, self._result
         if not fut.done():
             return False, None
+        if self._record is not None:
+            self._seen()
         return True, fut.result()
 
     def cancel(self) -> bool:
@@ -141,8 +168,10 @@ class Request:
             return False
         if self._canceller is not None and self._canceller():
             fut.cancel()
+            self._seen()
             return True
         if self._transport is not None and self._transport.cancel(fut):
+            self._seen()
             return True  # (the transport cancelled the future)
         return False
 
@@ -169,6 +198,8 @@ class Request:
                     results.append(r._result)
                     continue
                 if fut.done() and not fut.cancelled():
+                    if r._record is not None:
+                        r._seen()
                     exc = fut.exception()
                     if exc is None:
                         results.append(fut.result())
@@ -193,10 +224,14 @@ class Request:
     @staticmethod
     async def waitany(requests: Iterable[Request]) -> tuple[int, Any]:
         """Wait for the first request to finish; returns ``(index, result)``."""
-        futs = [_as_future(r) for r in requests]
+        reqs = list(requests)
+        futs = [_as_future(r) for r in reqs]
         done, _ = await asyncio.wait(futs, return_when=asyncio.FIRST_COMPLETED)
         for i, fut in enumerate(futs):
             if fut in done:
+                r = reqs[i]
+                if isinstance(r, Request) and r._record is not None:
+                    r._seen()
                 return i, fut.result()
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -185,6 +185,8 @@ def open_recorder(rank: int, size: int, part: str = "") -> Any:
     if rank == 0:
         prune()
     n = depth()
+    if n == 0:  # (off)
+        return _fast.Recorder(bytearray(HEADER.itemsize), None, 0, rank, size, os.getpid())
     mem, path = open_file(rank, n, part)
     rec = _fast.Recorder(mem, path, n, rank, size, os.getpid())
     if path is not None:
@@ -238,26 +240,37 @@ def note_failure(rec: Any, exc: BaseException) -> None:
         and (dead is None or o.seq is not None or o.world_peer in (dead, ANY_SOURCE)))
 
 
-@contextlib.contextmanager
-def recorded(rec: Any, token: int) -> Iterator[None]:
-    """End the record ``token`` of ``rec`` as the block ends: done, failed (a
-    PeerFailure gets :func:`note_failure`), cancelled."""
-    try:
-        yield
-    except asyncio.CancelledError:
+def ended(rec: Any, token: int, exc: BaseException) -> None:
+    """The operation of record ``token`` of ``rec`` raised ``exc``: cancelled, or failed
+    (a PeerFailure gets :func:`note_failure`)."""
+    if isinstance(exc, asyncio.CancelledError):
         rec.end(token, CANCELLED)
-        raise
-    except BaseException as exc:
+    else:
         rec.end(token, FAILED)
         note_failure(rec, exc)
+
+
+@contextlib.contextmanager
+def recorded(rec: Any, token: int) -> Iterator[None]:
+    """End the record ``token`` of ``rec`` as the block ends (done, or :func:`ended`)."""
+    try:
+        yield
+    except BaseException as exc:
+        ended(rec, token, exc)
         raise
     rec.end(token)
 
 
 async def follow(rec: Any, token: int, aw: Any) -> Any:
-    """Await ``aw`` with the record ``token`` of ``rec`` ended as it ends."""
-    with recorded(rec, token):
-        return await aw
+    """Await ``aw`` with the record ``token`` of ``rec`` ended as it ends (no context
+    manager: this is on the path of every call that waits)."""
+    try:
+        out = await aw
+    except BaseException as exc:
+        ended(rec, token, exc)
+        raise
+    rec.end(token)
+    return out
 
 
 # ------------------------------------------------------------------ reading
