@@ -265,3 +265,19 @@ def test_a_directory_another_user_could_write_is_refused(tmp_path, monkeypatch):
     mem, path = trace.open_file(0, 4)
     assert path is None
     assert victim.read_bytes() == b"keep me"
+
+
+def test_a_failure_with_the_recorder_off_is_still_the_failure():
+    """UCXCOMM_TRACE_DEPTH=0: ending a failed operation's record leaves the PeerFailure
+    as it was (it was masked by a ValueError from reading an empty recorder)."""
+    from ucxcomm.errors import PeerFailure
+    from ucxcomm.transport import _ucx
+
+    _ucx.load()
+    from ucxcomm.comm import _fast
+
+    off = _fast.Recorder(bytearray(64), None, 0, 0, 1, os.getpid())
+    exc = PeerFailure("rank 1 died", peer=1)
+    trace.ended(off, 0, exc)
+    assert exc.operations == ()
+    assert off.snapshot() == b"" and off.start("Send", trace.POSTED, 0, 0, 1) == 0

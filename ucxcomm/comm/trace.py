@@ -233,9 +233,12 @@ def note_failure(rec: Any, exc: BaseException) -> None:
 
     if not isinstance(exc, PeerFailure) or exc.operations:
         return
+    data = rec.snapshot()
+    if not data:  # (the recorder is off)
+        return
     dead = exc.peer
     exc.operations = tuple(
-        o for o in parse(rec.snapshot())[1]
+        o for o in parse(data)[1]
         if o.state in ("posted", "waiting", "failed")
         and (dead is None or o.seq is not None or o.world_peer in (dead, ANY_SOURCE)))
 
