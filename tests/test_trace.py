@@ -85,6 +85,8 @@ def test_status_names_what_each_rank_of_a_hung_job_waits_in():
     """Rank 0 in a barrier, rank 1 in Recv(source=2, tag=7), rank 2 asleep in user code:
     ``ucxcomm status`` (found without arguments, and --json, --job) names each one's
     operation and why, within a second, while the job hangs."""
+    mine = os.path.join(os.path.dirname(trace.job_dir()), f"ppid-{os.getpid()}")
+    had_mine = os.path.exists(mine)
     proc, lines, out = _start_hung(120)
     try:
         jobdir = _ready(lines, out, time.monotonic() + 90)
@@ -118,6 +120,8 @@ def test_status_names_what_each_rank_of_a_hung_job_waits_in():
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=30)
     assert not os.path.exists(jobdir), "ucxcomm run left its job directory"
+    # nor made one of its own (it did: named after its parent, this process, left empty)
+    assert had_mine or not os.path.exists(mine), "ucxcomm run made a directory of its own"
 
 
 def test_run_timeout_prints_the_status_before_the_stacks():

@@ -66,7 +66,7 @@ def _status(as_json: bool, job: str | None, all_jobs: bool, last: int) -> int:
     from .comm import trace
 
     if job is not None:
-        path = job if os.sep in job else os.path.join(os.path.dirname(trace.job_dir()), job)
+        path = job if os.sep in job else os.path.join(trace.root_dir(), job)
         found = trace.load_job(path)
         jobs = [found] if found.ranks else []
     else:

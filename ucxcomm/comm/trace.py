@@ -121,10 +121,19 @@ def job_dir(create: bool = False, part: str = "") -> str:
     if part:
         path += "-" + re.sub(r"[^A-Za-z0-9.]+", "_", part)
     if create:
-        for d in (os.path.dirname(path), path):
-            os.makedirs(d, mode=0o700, exist_ok=True)
-            _check_private(d)
+        root_dir(create=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        _check_private(path)
     return path
+
+
+def root_dir(create: bool = False) -> str:
+    """This user's directory of job directories (made private when ``create``)."""
+    root = os.path.dirname(job_dir())
+    if create:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        _check_private(root)
+    return root
 
 
 def _check_private(path: str) -> None:

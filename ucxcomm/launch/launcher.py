@@ -245,8 +245,7 @@ def _make_job_dir(cmd: Sequence[str], nprocs: int) -> str | None:
     """A fresh directory for the job's flight recorders (``comm/trace.py``), with a
     ``job.json`` naming this launcher; None where none can be made."""
     try:
-        root = os.path.dirname(trace.job_dir(create=True))
-        path = tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=root)
+        path = tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=trace.root_dir(create=True))
         with open(os.path.join(path, "job.json"), "w") as f:
             json.dump(dict(pid=os.getpid(), nprocs=nprocs, argv=list(cmd),
                            started=time.time()), f)
