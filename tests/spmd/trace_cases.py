@@ -58,6 +58,8 @@ async def records_known_traffic(comm):
     for o in ops[start:]:
         assert o.rank == r and o.size == p and o.cid == 0 and o.end >= o.start > 0, o
         assert o.world_peer == o.peer, o
+    await comm.Bcast(big, root=p - 1, timeout=60)  # (the deadline's path keeps the root)
+    assert (comm.trace()[-1].kind, comm.trace()[-1].peer) == ("Bcast", p - 1)
     dup = await comm.dup()
     await dup.barrier()
     assert [(o.kind, o.seq, o.cid) for o in dup.trace()] == [("barrier", 0, dup.group.cid)]

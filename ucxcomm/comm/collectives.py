@@ -930,8 +930,8 @@ class Collectives:
                 if res is DONE:
                     return None
                 if what[0].isupper():  # (a buffer collective's start: recorded here)
-                    return await self._traced(res, what, args[-1] if "root" in
-                                              call.__code__.co_varnames else None)
+                    return await self._traced(res, what, args[-1] if trace.KIND[what]
+                                              in trace.ROOTED else None)
                 return await res
         except CommTimeoutError:
             pass

@@ -87,7 +87,7 @@ _P2P_KINDS = frozenset(KIND[k] for k in ("Send", "Recv", "Isend", "Irecv", "send
                                          "Probe", "Mprobe"))
 _SENDS = frozenset(KIND[k] for k in ("Send", "Isend", "send", "isend"))
 _RECVS = frozenset(KIND[k] for k in ("Recv", "Irecv", "recv", "irecv", "Probe", "Mprobe"))
-_ROOTED = frozenset(KIND[k] for k in ("Bcast", "Reduce", "Gather", "Gatherv", "Scatter",
+ROOTED = frozenset(KIND[k] for k in ("Bcast", "Reduce", "Gather", "Gatherv", "Scatter",
                                       "Scatterv", "bcast", "reduce", "gather", "scatter"))
 
 
@@ -330,7 +330,7 @@ class Op:
                 args.append(f"{name}={'ANY_SOURCE' if self.peer == ANY_SOURCE else self.peer}")
             if self.tag is not None:
                 args.append(f"tag={'ANY_TAG' if self.tag == ANY_TAG else self.tag}")
-        elif k in _ROOTED and self.peer is not None:
+        elif k in ROOTED and self.peer is not None:
             args.append(f"root={self.peer}")
         elif self.kind.startswith("Win.") and self.peer is not None:
             args.append(f"rank={self.peer}")
