@@ -35,17 +35,20 @@ def test_member_death_fails_every_rank():
     assert "died or left" in proc.stderr
 
 
-def test_mismatched_sizes_named():
-    run_case(COLL_CASES, "mismatched_sizes_named", 2)
+@pytest.mark.parametrize("checks", ["1", "0"])
+def test_mismatched_sizes_named(checks):
+    run_case(COLL_CASES, "mismatched_sizes_named", 2, env={"UCXCOMM_CHECK_COLLECTIVES": checks})
 
 
+@pytest.mark.parametrize("checks", ["1", "0"])
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_mismatched_sizes_named_when_the_receive_waits(nranks):
+def test_mismatched_sizes_named_when_the_receive_waits(nranks, checks):
     """Regression (flaky before: ~2 runs in 12): a compiled small collective whose receive
     had to wait (no spinning, the root arrives late) did not check the message's size:
     the overflowing Bcast raised nothing on the receiving rank (3 ranks: the group path)."""
     run_case(COLL_CASES, "mismatched_sizes_named", nranks,
-             env={"UCXCOMM_SPIN_US": "0", "UCXCOMM_TEST_LATE_ROOT": "1"})
+             env={"UCXCOMM_SPIN_US": "0", "UCXCOMM_TEST_LATE_ROOT": "1",
+                  "UCXCOMM_CHECK_COLLECTIVES": checks})
 
 
 @pytest.mark.parametrize("name", ["two_rank_compiled_allreduce", "two_rank_compiled_others",

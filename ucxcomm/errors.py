@@ -9,6 +9,7 @@ __all__ = [
     "BootstrapError",
     "ClosedError",
     "CollectiveError",
+    "CollectiveMismatch",
     "CommTimeoutError",
     "PeerFailure",
     "ProtocolError",
@@ -86,6 +87,32 @@ class CollectiveError(UcxCommError):
         super().__init__(message)
         self.rank = rank
         self.cause = cause
+
+
+class CollectiveMismatch(UcxCommError):
+    """The ranks of a collective did not make the same call (another collective, count,
+    dtype, op or root; per-rank counts that disagree; a buffer collective on one rank
+    and an object collective on another): raised on every rank of that collective, with
+    the same text everywhere, before anything was written into a receive buffer. The
+    communicator stays usable for the next collective the ranks agree on.
+
+    Attributes
+    ----------
+    calls : dict of int to str
+        Each rank's call, as its fingerprint describes it (``"Allreduce(float64[4],
+        SUM)"``).
+    seq : int
+        The collective's sequence number on the communicator.
+    """
+
+    def __init__(self, message: str, calls: dict[int, str] | None = None,
+                 seq: int = -1) -> None:
+        super().__init__(message)
+        self.calls = dict(calls or {})
+        self.seq = seq
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.calls, self.seq))
 
 
 class TruncationError(UcxCommError):

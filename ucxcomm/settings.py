@@ -56,6 +56,15 @@ def _trace_depth(text: str) -> int:
     return value
 
 
+def _yes_no(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "y", "yes", "true", "on"):
+        return True
+    if value in ("0", "n", "no", "false", "off"):
+        return False
+    raise ValueError("must be yes or no")
+
+
 def _text(text: str) -> str:
     return text
 
@@ -146,6 +155,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "operations each process's flight recorder keeps (1-65535; those still in "
             "flight are never overwritten): comm.trace(), ucxcomm status; 0 turns it off "
             "(about 25-45 ns per operation, docs/debugging.md)"),
+    Setting("UCXCOMM_CHECK_COLLECTIVES", _yes_no, True,
+            "every collective carries a fingerprint of its call (kind, count, dtype, op, "
+            "root) and ranks whose calls differ all raise CollectiveMismatch; must be the "
+            "same on every rank; 0 turns the check off (docs/debugging.md)"),
     Setting("UCXCOMM_JOB_DIR", _text, None,
             "the job's directory of flight-recorder files (ucxcomm status reads them)",
             launcher=True),

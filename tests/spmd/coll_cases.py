@@ -445,9 +445,11 @@ async def mismatched_sizes_named(comm):
     gave the others a TruncationError that did not say which collective. Rank 0 passes
     one element more; the other ranks' receives overflow and their errors name the call,
     on the small path and (2 ranks) on the general one. (Rank 0's receives are shorter
-    than its buffer: MPI leaves that undefined; here they complete.)"""
+    than its buffer: MPI leaves that undefined; here they complete.) With the collective
+    checks on (the default, issue 31) every rank raises CollectiveMismatch instead."""
     assert comm.size in (2, 3)
     r = comm.rank
+    checks = os.environ.get("UCXCOMM_CHECK_COLLECTIVES", "1") != "0"
     late_root = os.environ.get("UCXCOMM_TEST_LATE_ROOT") == "1"
     calls = [("Bcast", lambda n: comm.Bcast(np.zeros(n), root=0)),
              ("Allreduce", lambda n: comm.Allreduce(np.ones(n), np.zeros(n)))]
@@ -459,6 +461,16 @@ async def mismatched_sizes_named(comm):
                 else:
                     for q in range(1, comm.size):
                         assert await comm.recv(q) == "in"
+            if checks:  # (issue 31) every rank raises, naming both calls
+                try:
+                    await call(n + 1 if r == 0 else n)
+                except ucxcomm.CollectiveMismatch as exc:
+                    assert f"rank 0 called {name}(float64[{n + 1}]" in str(exc), (r, exc)
+                    assert f"{name}(float64[{n}]" in str(exc), (r, exc)
+                else:
+                    raise AssertionError(f"{name} of {n} elements against {n + 1} raised "
+                                         f"nothing on rank {r}")
+                continue
             try:
                 await call(n + 1 if r == 0 else n)
             except ucxcomm.TruncationError as exc:

@@ -518,7 +518,35 @@ def scenario_inline(gloo):
     dist.destroy_process_group(other)
 
 
-SCENARIOS = {"ops": scenario_ops, "inline": scenario_inline, "ddp": scenario_ddp,
+def scenario_mismatch(gloo):
+    """Issue 31: all_reduce of float64 on rank 0 and int64 elsewhere (before: both
+    'succeeded' with different results), then broadcast with different roots (before: a
+    hang): every rank raises, naming the calls; then the group goes on."""
+    rank = dist.get_rank()
+    t = torch.ones(4, dtype=torch.float64 if rank == 0 else torch.int64)
+    try:
+        dist.all_reduce(t)
+    except Exception as exc:
+        text = str(exc)
+        assert "does not match" in text and "called Allreduce(int64[4], SUM)" in text, text
+        assert "rank 0 called Allreduce(float64[4], SUM)" in text, text
+    else:
+        raise AssertionError(f"mismatched all_reduce raised nothing on rank {rank}")
+    t = torch.zeros(3)
+    try:
+        dist.broadcast(t, src=1 if rank == 0 else 0)
+    except Exception as exc:
+        # (the backend broadcasts a tensor's bytes)
+        assert "rank 0 called Bcast(uint8[12], root=1)" in str(exc), str(exc)
+    else:
+        raise AssertionError(f"broadcasts with different roots raised nothing on rank {rank}")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert (t == dist.get_world_size()).all(), t
+
+
+SCENARIOS = {"mismatch": scenario_mismatch, "ops": scenario_ops, "inline": scenario_inline,
+             "ddp": scenario_ddp,
              "subgroup": scenario_subgroup, "kill": scenario_kill, "timeout": scenario_timeout,
              "cuda": scenario_cuda}
 

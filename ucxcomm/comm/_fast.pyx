@@ -23,9 +23,10 @@ import weakref
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_SIMPLE, PyBUF_WRITABLE, PyObject_GetBuffer
 from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject, PyTypeObject
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
-from libc.string cimport memcpy, memmove, memset
+from libc.string cimport memcmp, memcpy, memmove, memset
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 cdef extern from "<time.h>":
@@ -36,7 +37,7 @@ from ucxcomm.transport._ucp cimport BufRef, EpSend, Finish, Op, TagEngine, ptr_o
 import numpy as np
 
 from .. import tags
-from . import algorithms, collectives, communicator, ops, request, small, trace
+from . import algorithms, collectives, communicator, fingerprint, ops, request, small, trace
 
 # What the paths use from the communicator layer, bound once (C globals: no lookups).
 cdef object ndarray = np.ndarray
@@ -121,6 +122,42 @@ cdef void _sum_rows(int kind, const char *rows, int size, Py_ssize_t nbytes,
     _sum(kind, rows, rows + nbytes, out, nbytes)
     for k in range(2, size):
         _sum(kind, out, rows + k * nbytes, out, nbytes)
+
+
+cdef void _sum_strided(int kind, const char *rows, Py_ssize_t stride, int size,
+                       Py_ssize_t nbytes, char *out) noexcept nogil:
+    """``_sum_rows`` over rows ``stride`` bytes apart (the checked exchange's scratch)."""
+    cdef int k
+    _sum(kind, rows, rows + stride, out, nbytes)
+    for k in range(2, size):
+        _sum(kind, out, rows + k * stride, out, nbytes)
+
+
+# ====================================================================== fingerprints
+cdef extern from *:
+    """
+    typedef struct {
+        uint8_t magic; uint8_t form; uint8_t kind; uint8_t device;
+        uint32_t op; int32_t root; uint32_t dtype; int64_t count; int64_t own;
+    } ucxcomm_fp;
+    """
+    ctypedef struct ucxcomm_fp:
+        uint8_t magic
+        uint8_t form
+        uint8_t kind
+        uint8_t device
+        uint32_t op
+        int32_t root
+        uint32_t dtype
+        int64_t count
+        int64_t own
+
+cdef Py_ssize_t FP_HDR = fingerprint.HDR
+cdef object fp_verdict = fingerprint.verdict
+cdef object fp_op_code = fingerprint.op_code
+cdef object fp_dtype_code = fingerprint.dtype_code
+cdef object CollectiveMismatch = fingerprint.CollectiveMismatch
+assert sizeof(ucxcomm_fp) == fingerprint.HDR
 
 
 # ====================================================================== flight recorder
@@ -518,8 +555,26 @@ cdef class FastCollectives:
     cdef Recorder rec
     cdef uint32_t cid
     cdef tuple members
+    # The checked exchange (fingerprints on: comm/fingerprint.py's combined form)
+    cdef readonly bint check
+    cdef Py_ssize_t row       # bytes per scratch row: the largest first message, rounded
+    cdef object stage         # bytearray((2 * size + 1) * row), None after a hand-off
+    cdef BufRef stage_ref
+    cdef ucxcomm_fp fp        # this rank's fingerprint of the current call
+    cdef uint32_t sum_code
+    cdef object code_dt       # the dtype whose code is code_dt_val
+    cdef uint32_t code_dt_val
+    cdef Py_ssize_t *lens     # each rank's message length in the current call
 
     def __init__(self, group):
+        self.check = group.check
+        self.lens = <Py_ssize_t *>PyMem_Malloc(group.size * sizeof(Py_ssize_t))
+        if self.lens == NULL:
+            raise MemoryError()
+        self.row = (fingerprint.capacity(group.size) + 15) & ~15
+        self.stage = None
+        self.sum_code = fp_op_code(SUM)
+        self.code_dt = None
         self.rec = group.world.recorder
         self.cid = group.cid
         self.members = tuple(group.members)
@@ -763,6 +818,8 @@ cdef class FastCollectives:
 
     def allreduce(self, send, recv, op):
         """``Allreduce(send, recv, op)`` (``send`` may be IN_PLACE)."""
+        if self.check:
+            return self._checked_blocking(K_ALLREDUCE, send, recv, op, -1)
         args = self._allreduce_args(send, recv, op)
         if args is None:
             return None
@@ -771,6 +828,8 @@ cdef class FastCollectives:
     def reduce_scatter_block(self, send, recv, op):
         """``Reduce_scatter_block(send, recv, op)``: block ``q`` of ``send`` to rank
         ``q``; this rank's block of every rank's folded into the start of ``recv``."""
+        if self.check:
+            return self._checked_blocking(K_RSB, send, recv, op, -1)
         args = self._rsb_views(send, recv, op)
         if args is None:
             return None
@@ -778,6 +837,8 @@ cdef class FastCollectives:
 
     def allgather(self, send, recv):
         """``Allgather(send, recv)``: every rank's block in rank order in ``recv``."""
+        if self.check:
+            return self._checked_blocking(K_ALLGATHER, send, recv, None, -1)
         args = self._copy_views(send, recv, False)
         if args is None:
             return None
@@ -797,6 +858,8 @@ cdef class FastCollectives:
         cdef Op rop
         cdef EpSend ep
         cdef TagEngine eng = self.eng
+        if self.check:
+            return self._checked_blocking(K_BCAST, buf, buf, None, root)
         cdef BufRef ref = self._bcast_view(buf, root)
         if ref is None:
             return None
@@ -820,3 +883,283 @@ cdef class FastCollectives:
         if type(got) is tuple and rop.length == rop.cap:
             return self._done(K_BCAST, seq, root, ref.view.len)
         return ([], [got], seq, None)
+
+    # ------------------------------------------------- the checked exchange
+    cdef object _checked_blocking(self, int kind, send, recv, op, root):
+        """A blocking call's checked exchange, for the arguments this class serves
+        (C-contiguous numpy arrays of plain data, SUM of 32/64-bit numbers for the
+        reductions); None for the others (the Python paths check them and call
+        :meth:`exchange`). DONE, or a :class:`Pending`."""
+        cdef BufRef sref, rref
+        cdef Py_ssize_t nb, n
+        if type(recv) is not ndarray:
+            return None
+        if send is IN_PLACE:
+            if kind != K_ALLREDUCE:
+                return None
+            send = recv
+        elif type(send) is not ndarray:
+            return None
+        dt = recv.dtype
+        if send.dtype is not dt or not self._plain(dt):
+            return None
+        if kind == K_ALLREDUCE or kind == K_RSB:
+            if self._kernel(op, dt) == 0:
+                return None
+        if kind == K_BCAST:
+            if type(root) is not int or not 0 <= root < self.size:
+                return None
+            sref = rref = self._view(recv, PyBUF_SIMPLE if root == self.rank
+                                     else PyBUF_WRITABLE)
+            if sref is None:
+                return None
+            nb = sref.view.len
+        else:
+            sref = self._view(send, PyBUF_SIMPLE)
+            rref = self._view(recv, PyBUF_WRITABLE)
+            if sref is None or rref is None:
+                return None
+            n = sref.view.len
+            if kind == K_ALLREDUCE:
+                if rref.view.len != n or n >= TUNING[RING_KEY]:
+                    return None
+                nb = n
+            elif kind == K_ALLGATHER:
+                nb = n
+                if rref.view.len != self.size * nb:
+                    return None
+            else:  # Alltoall, Reduce_scatter_block: one block per rank
+                if n % (self.size * sref.view.itemsize):
+                    return None
+                nb = n // self.size
+                if kind == K_ALLTOALL and rref.view.len != n:
+                    return None
+                if kind == K_RSB and rref.view.len < nb:
+                    return None
+        if nb > self.small_max:
+            return None
+        return self._xchg(kind, sref, rref, nb, -1 if kind != K_BCAST else root,
+                          self.sum_code if kind == K_ALLREDUCE or kind == K_RSB else 0,
+                          dt, self.last_kind if kind == K_ALLREDUCE or kind == K_RSB else 0,
+                          send.size)
+
+    def exchange(self, kind, send, recv, int root, op, int kernel):
+        """The checked exchange of collective ``kind`` (a name of ``trace.KIND``) on
+        flat host arrays the caller checked (``send`` may be ``recv``): DONE, or a
+        :class:`Pending` (``kernel`` 0: a reduction the caller folds)."""
+        cdef int k = _KIND[kind]
+        cdef BufRef sref = self._view(send, PyBUF_SIMPLE)
+        cdef BufRef rref = self._view(recv, PyBUF_WRITABLE) if (k != K_BCAST
+                                                                 or root != self.rank) else sref
+        if sref is None or rref is None:
+            raise ValueError(f"{kind}: the buffers must be C-contiguous")
+        cdef Py_ssize_t nb = sref.view.len
+        if k == K_ALLTOALL or k == K_RSB:
+            nb //= self.size
+        return self._xchg(k, sref, rref, nb, root, fp_op_code(op) if op is not None else 0,
+                          send.dtype, kernel, send.size)
+
+    cdef uintptr_t _stage_base(self) except 0:
+        if self.stage is None:
+            self.stage = bytearray((2 * self.size + 1) * self.row)
+            self.stage_ref = BufRef.__new__(BufRef)
+            PyObject_GetBuffer(self.stage, &self.stage_ref.view, PyBUF_WRITABLE)
+            self.stage_ref.held = True
+        return <uintptr_t>self.stage_ref.view.buf
+
+    cdef object _xchg(self, int kind, BufRef sref, BufRef rref, Py_ssize_t nb, int root,
+                      uint32_t opc, object dt, int kernel, Py_ssize_t count):
+        """Send this rank's fingerprint and data (``comm/fingerprint.py``'s combined
+        form) to every other rank, receive every other rank's into scratch rows, check
+        them, then copy or fold into ``rref``."""
+        cdef Op rop
+        cdef EpSend ep
+        cdef TagEngine eng = self.eng
+        cdef Py_ssize_t i, q, p = self.size, me = self.rank, row = self.row
+        cdef Py_ssize_t slen
+        cdef uintptr_t base, src
+        cdef const char *sbuf = <const char *>sref.view.buf
+        cdef bint split = kind == K_ALLTOALL or kind == K_RSB
+        if dt is not self.code_dt:
+            self.code_dt_val = fp_dtype_code(dt)
+            self.code_dt = dt
+        self.check_open()
+        seq = self.next_seq()
+        base = self._stage_base()
+        self.fp.magic = 0xC5
+        self.fp.form = 2
+        self.fp.kind = <uint8_t>kind
+        self.fp.device = 0
+        self.fp.op = opc
+        self.fp.root = root
+        self.fp.dtype = self.code_dt_val
+        self.fp.count = count
+        self.fp.own = -1
+        cdef uint64_t stag = self.stag0 | <uint64_t>seq
+        cdef uintptr_t shared = base + <uintptr_t>(2 * p * row)
+        memcpy(<void *>shared, &self.fp, FP_HDR)
+        slen = FP_HDR
+        if kind == K_BCAST:
+            if me == root:
+                memcpy(<char *>shared + FP_HDR, sbuf, nb)
+                slen += nb
+        elif not split:
+            memcpy(<char *>shared + FP_HDR, sbuf, nb)
+            slen += nb
+        sends = None
+        for i in range(p - 1):
+            ep = self.eps[i]
+            q = self.ranks[i]
+            if split:
+                src = base + <uintptr_t>((p + q) * row)
+                memcpy(<void *>src, &self.fp, FP_HDR)
+                memcpy(<char *>src + FP_HDR, sbuf + q * nb, nb)
+                sent = eng.c_send_to(ep.handle, src, <size_t>(FP_HDR + nb), self.stage_ref,
+                                     stag, ep.peers, ep.fast)
+            else:
+                sent = eng.c_send_to(ep.handle, shared, <size_t>slen, self.stage_ref, stag,
+                                     ep.peers, ep.fast)
+            if sent is not None:
+                if sends is None:
+                    sends = []
+                sends.append(sent)
+        # this rank's own part, where the rows are read
+        if kind == K_ALLREDUCE:
+            memcpy(<char *>base + me * row + FP_HDR, sbuf, nb)
+        elif kind == K_RSB:
+            memcpy(<char *>base + me * row + FP_HDR, sbuf + me * nb, nb)
+        eng.c_check(self.rpeers)
+        recvs = None
+        for i in range(p - 1):
+            q = self.ranks[i]
+            rop = self._recv_op(base + <uintptr_t>(q * row), <size_t>row, self.stage_ref, q,
+                                seq)
+            res = eng.c_post_match(rop, True)
+            if type(res) is tuple:
+                self.lens[q] = <Py_ssize_t>rop.length
+            else:
+                self.lens[q] = -1
+                if recvs is None:
+                    recvs = [None] * p
+                recvs[q] = res
+        if recvs is None and sends is None and (kernel != 0 or not (
+                kind == K_ALLREDUCE or kind == K_RSB)):
+            self._settle(kind, <char *>base, self.lens, &self.fp, rref, sref, nb, root,
+                         kernel, seq)
+            return self._done(kind, seq, root if kind == K_BCAST else -2, nb)
+        cdef Pending pend = Pending.__new__(Pending)
+        pend.owner = self
+        pend.sends = [] if sends is None else sends
+        pend.recvs = [None] * p if recvs is None else recvs
+        pend.seq = seq
+        pend.kind = kind
+        pend.kernel = kernel
+        pend.root = root
+        pend.nb = nb
+        pend.fp = self.fp
+        pend.stage = self.stage
+        pend.stage_ref = self.stage_ref
+        pend.rref = rref
+        pend.sref = sref
+        pend.lens = [self.lens[i] for i in range(p)]
+        self.stage = None  # (the caller finishes with it; operations may still use it)
+        self.stage_ref = None
+        return pend
+
+    cdef int _settle(self, int kind, char *base, Py_ssize_t *lens, ucxcomm_fp *fp,
+                     BufRef rref, BufRef sref, Py_ssize_t nb, int root, int kernel,
+                     object seq) except -1:
+        """Check every rank's message (``lens``: their lengths), then copy or fold:
+        0 done, 1 the caller folds (a reduction without a kernel)."""
+        cdef Py_ssize_t q, p = self.size, me = self.rank, row = self.row, want
+        cdef char *out = <char *>rref.view.buf
+        cdef const char *own = <const char *>sref.view.buf
+        for q in range(p):
+            if q == me:
+                continue
+            want = FP_HDR + (0 if kind == K_BCAST and q != root else nb)
+            if lens[q] != want or memcmp(base + q * row, fp, FP_HDR) != 0:
+                self._mismatch(kind, base, lens, fp, seq)
+        if kind == K_BCAST:
+            if me != root:
+                memcpy(out, base + root * row + FP_HDR, nb)
+        elif kind == K_ALLGATHER or kind == K_ALLTOALL:
+            for q in range(p):
+                if q != me:
+                    memcpy(out + q * nb, base + q * row + FP_HDR, nb)
+            memmove(out + me * nb, own + (me * nb if kind == K_ALLTOALL else 0), nb)
+        else:
+            if kernel == 0:
+                return 1
+            _sum_strided(kernel, base + FP_HDR, row, <int>p, nb, base + 2 * p * row + FP_HDR)
+            memcpy(out, base + 2 * p * row + FP_HDR, nb)
+        return 0
+
+    cdef int _mismatch(self, int kind, char *base, Py_ssize_t *lens, ucxcomm_fp *fp,
+                       object seq) except -1:
+        cdef Py_ssize_t q, n, row = self.row
+        fps = []
+        for q in range(self.size):
+            if q == self.rank:
+                fps.append((<char *>fp)[:FP_HDR])
+            else:
+                n = max(0, min(lens[q], row))
+                fps.append(base[q * row:q * row + n])
+        what = trace.KINDS[kind]
+        err = fp_verdict(fps, what, seq)
+        if err is None:
+            err = CollectiveMismatch(
+                f"collective #{seq}, {what}: a message of unexpected length arrived "
+                f"(lengths {[lens[q] for q in range(self.size)]})", seq=seq)
+        raise err
+
+    def __dealloc__(self):
+        if self.lens != NULL:
+            PyMem_Free(self.lens)
+
+
+cdef class Pending:
+    """A checked exchange (``FastCollectives.exchange``) still in flight, or one whose
+    reduction the caller folds: ``sends`` and ``recvs`` (futures; None for a receive
+    done in the call) to wait for, then :meth:`finish`."""
+
+    cdef readonly list sends
+    cdef readonly list recvs
+    cdef readonly object seq
+    cdef list lens
+    cdef FastCollectives owner
+    cdef int kind, kernel, root
+    cdef Py_ssize_t nb
+    cdef ucxcomm_fp fp
+    cdef object stage
+    cdef BufRef stage_ref
+    cdef BufRef rref
+    cdef BufRef sref
+
+    @property
+    def kind(self):
+        return trace.KINDS[self.kind]
+
+    def finish(self):
+        """After every send and receive completed: check every rank's fingerprint, then
+        copy or fold. Returns None, or, for a reduction without a compiled kernel, the
+        rows (a ``(size, nbytes)`` uint8 array, rank order) for the caller to fold.
+        Raises CollectiveMismatch."""
+        cdef FastCollectives o = self.owner
+        cdef Py_ssize_t q, p = o.size
+        cdef Py_ssize_t *lens = <Py_ssize_t *>PyMem_Malloc(p * sizeof(Py_ssize_t))
+        if lens == NULL:
+            raise MemoryError()
+        try:
+            for q in range(p):
+                fut = self.recvs[q]
+                lens[q] = fut.result()[1] if fut is not None else self.lens[q]
+            if o._settle(self.kind, <char *>self.stage_ref.view.buf, lens, &self.fp,
+                         self.rref, self.sref, self.nb, self.root, self.kernel,
+                         self.seq) == 0:
+                return None
+        finally:
+            PyMem_Free(lens)
+        row = o.row
+        arr = np.frombuffer(self.stage, np.uint8, p * row).reshape(p, row)
+        return arr[:, FP_HDR:FP_HDR + self.nb]

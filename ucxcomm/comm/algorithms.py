@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import TruncationError
-from ..tags import FULL_MASK, KIND_COLL, make_tag, with_source
+from ..tags import FULL_MASK, KIND_COLL, make_tag, split_tag, with_source
+from . import fingerprint
 
 if TYPE_CHECKING:
     from ..transport.base import Target, Transport
@@ -103,8 +104,8 @@ class Chan:
     algorithm only has to post its receives in the order the peer posts its sends.
     """
 
-    __slots__ = ("_group", "_pool", "_rtag", "_stag", "rank", "recvs", "scratches", "sends",
-                 "size", "sync", "what", "worker")
+    __slots__ = ("_group", "_pool", "_rtag", "_stag", "fp", "rank", "recvs", "scratches",
+                 "sends", "size", "sync", "what", "worker")
 
     def __init__(self, group: Group, seq: int, what: str = "collective") -> None:
         self._group = group
@@ -116,8 +117,50 @@ class Chan:
         self.recvs: list[asyncio.Future] = []
         self.sends: list[asyncio.Future] = []
         self.sync: Callable[[], None] | None = None  # set for GPU buffers
+        #: This rank's fingerprint of the call (checks on, general form: :meth:`check`).
+        self.fp: bytes | None = None
         self._pool: ScratchPool = group.scratch
         self.scratches: list[Buf] = []
+
+    async def check(self, fp: bytes) -> None:
+        """The general form's round of fingerprints (:mod:`ucxcomm.comm.fingerprint`),
+        before any data moves: ``fp`` (this rank's call) to every other rank as this
+        call's first message to it, and every other rank's first message received into
+        scratch; then every rank holds every call and all go on, or all raise
+        :class:`~ucxcomm.CollectiveMismatch` (every message of the round consumed)."""
+        size, rank = self.size, self.rank
+        if size == 1:
+            return
+        g, t = self._group, self.worker
+        cap = fingerprint.capacity(size)
+        rows = np.empty((size, cap), np.uint8)
+        rt = t.recv_ptr(rows)
+        st = t.send_ptr(fp)
+        for q in range(size):
+            if q != rank:
+                self.send(q, st)
+        got: list[Any] = [None] * size
+        for q in range(size):  # (each waits in place first: the others' are on the way)
+            if q != rank:
+                got[q] = t.recv_into(t.subtarget(rt, q * cap, cap), with_source(self._rtag, q),
+                                     FULL_MASK, g.peers_all, None, True)
+                if not isinstance(got[q], tuple):
+                    self.recvs.append(got[q])
+        fps: list[bytes] = []
+        for q in range(size):
+            if q == rank:
+                fps.append(fp)
+                continue
+            res = got[q]
+            if not isinstance(res, tuple):
+                res = await t.complete(res)
+            fps.append(rows[q, :min(res[1], cap)].tobytes())
+        await self.waitall(self.sends)
+        self.recvs.clear()
+        self.sends.clear()
+        bad = fingerprint.verdict(fps, self.what, split_tag(self._rtag)[1])
+        if bad is not None:
+            raise bad
 
     def scratch(self, like: Buf, n: int) -> Buf:
         """Scratch memory of ``n`` elements like ``like`` for this call (see :meth:`release`)."""

@@ -32,7 +32,7 @@ from .._deadline import check_timeout, limit
 from ..errors import CollectiveError, CommTimeoutError, UcxCommError
 from ..tags import KIND_COLL, make_tag
 from . import algorithms as alg
-from . import trace
+from . import fingerprint, trace
 from .algorithms import Buf, Chan, binomial
 from .ops import MAX, MIN, SUM, Op
 from .request import Request
@@ -264,11 +264,45 @@ class Collectives:
             raise ValueError(f"{what}: the receive buffer has {b.n} elements, "
                              f"{n} expected")
 
-    def _chan(self, what: str, *bufs: Buf | None) -> Chan:
+    def _fp(self, what: str, b: Buf | None, count: int = -1, root: int = -1, op: Any = None,
+            own: int = -1, vec: Sequence[int] = ()) -> bytes | None:
+        """This rank's fingerprint of collective ``what`` in the general form
+        (:mod:`ucxcomm.comm.fingerprint`; ``b``: the buffer whose dtype it names), or
+        None when the checks are off."""
+        if not self._group.check:
+            return None
+        return fingerprint.make(what, fingerprint.GENERAL, op, root,
+                                None if b is None else b.arr.dtype, count, own, vec,
+                                1 if b is not None and b.device else 0)
+
+    def _combined(self, what: str, send: Any, recv: Any, root: int = -1, op: Any = None,
+                  ufunc: Any = None, out: Any = None) -> Awaitable[None]:
+        """The combined form (checks on) of a small exchange of host memory whose
+        arguments are checked (flat numpy arrays; ``send`` may be ``recv``): one message
+        per pair, fingerprint and data (``comm/_fast.pyx``'s ``exchange``); ``ufunc``
+        folds into ``out`` a reduction the compiled code has no kernel for."""
+        self._check_open()
+        fast = self._fast if self._fast is not _UNMADE else self._make_fast()
+        if fast is None:
+            self._check_open()
+            raise UcxCommError(f"{what}: no compiled collectives for this communicator")
+        kernel = 0
+        if op is not None:
+            from ._fast import native_kernel
+
+            kernel = native_kernel(op, send.dtype)[0]
+        res = fast.exchange(what, send, recv, root, op, kernel)
+        if res is DONE:
+            return DONE
+        return self._small.settle(res, ufunc, out)
+
+    def _chan(self, what: str, *bufs: Buf | None, fp: bytes | None = None) -> Chan:
         """A fresh collective channel (takes the next sequence number: call only once
-        every argument is checked)."""
+        every argument is checked); ``fp``: this rank's fingerprint (:meth:`_fp`),
+        checked before the algorithm runs."""
         self._check_open()
         ch = Chan(self._group, self._next_seq(), what)
+        ch.fp = fp
         if any(b is not None and b.device for b in bufs):
             import cupy
 
@@ -281,6 +315,14 @@ class Collectives:
         if ch.sync is not None:
             ch.sync()  # kernels that produced the inputs have finished
         try:
+            if ch.fp is not None:
+                try:
+                    await ch.guard(ch.check(ch.fp))
+                except BaseException:
+                    close = getattr(coro, "close", None)
+                    if close is not None:
+                        close()  # (never started)
+                    raise
             await ch.guard(coro)
         except asyncio.CancelledError:
             ch.release()  # (withdrawn: nothing touches the scratch any more)
@@ -334,6 +376,12 @@ class Collectives:
 
     def _bcast(self, buf: Any, root: int) -> Awaitable[None]:
         root = self._group.check_peer(root, "root")
+        if self._group.check:
+            b = self._buf(buf, self.rank != root, "Bcast buffer")
+            if not b.device and self._small.usable(b.arr.nbytes):
+                return self._combined("Bcast", b.arr, b.arr, root)
+            ch = self._chan("Bcast", b, fp=self._fp("Bcast", b, b.n, root))
+            return self._run(ch, alg.bcast(ch, b, root))
         if (small_ok(buf) and self._small.usable(buf.nbytes)
                 and (self.rank == root or buf.flags.writeable)):
             return self._small.bcast(self._small_chan("Bcast"), buf, root)
@@ -373,7 +421,7 @@ class Collectives:
                 raise ValueError("Reduce: IN_PLACE is allowed at the root only")
             send = self._buf(sendbuf, False, "Reduce send buffer")
         ufunc = _ufunc(op, send.arr)
-        ch = self._chan("Reduce", send)
+        ch = self._chan("Reduce", send, fp=self._fp("Reduce", send, send.n, root, op))
         return self._run(ch, alg.reduce(ch, send, recv, root, ufunc))
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> Request:
@@ -425,6 +473,8 @@ class Collectives:
     def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Op) -> Awaitable[None]:
         """:meth:`Allreduce` where the compiled call does not serve it: the Python small
         path, recursive doubling below the ring threshold, else the ring."""
+        if self._group.check:
+            return self._allreduce_checked(sendbuf, recvbuf, op)
         if (type(recvbuf) is np.ndarray and recvbuf.nbytes < alg.TUNING["allreduce_ring_min"]
                 and self.size > 1 and isinstance(op, Op)):
             flags = recvbuf.flags
@@ -452,6 +502,26 @@ class Collectives:
         ch = self._chan("Allreduce", send)
         return self._run(ch, alg.allreduce(ch, send, recv, ufunc))
 
+    def _allreduce_checked(self, sendbuf: Any, recvbuf: Any, op: Op) -> Awaitable[None]:
+        """:meth:`_allreduce` with fingerprints: the combined form for small host
+        arrays, else a fingerprint round, then recursive doubling or the ring."""
+        recv = self._buf(recvbuf, True, "Allreduce receive buffer")
+        send = recv if sendbuf is IN_PLACE else self._buf(sendbuf, False,
+                                                          "Allreduce send buffer")
+        self._same(send, recv, "Allreduce", send.n)
+        ufunc = _ufunc(op, send.arr)
+        if self.size > 1 and not recv.device and self._small.usable(recv.arr.nbytes):
+            return self._combined("Allreduce", send.arr, recv.arr, -1, op, ufunc, recv.arr)
+        fp = self._fp("Allreduce", send, send.n, -1, op)
+        if (not recv.device and self.size > 1
+                and recv.arr.nbytes < alg.TUNING["allreduce_ring_min"]):
+            self._check_open()
+            ch = Chan(self._group, self._next_seq(), "Allreduce")
+            ch.fp = fp
+            return self._allreduce_small(ch, send.arr, recv.arr, ufunc)
+        ch = self._chan("Allreduce", send, fp=fp)
+        return self._run(ch, alg.allreduce(ch, send, recv, ufunc))
+
     async def _allreduce_small(self, ch: Chan, send: Any, recv: Any, ufunc: Any) -> None:
         """Host arrays below the ring threshold: recursive doubling, no Buf wrappers,
         scratch memory reused between calls on the same shape and dtype."""
@@ -465,6 +535,8 @@ class Collectives:
             tmp_target = transport.recv_ptr(tmp)
         recv_target = transport.recv_ptr(recv)
         send_target = recv_target if send is recv else transport.send_ptr(send)
+        if ch.fp is not None:
+            await ch.guard(ch.check(ch.fp))
         await ch.guard(alg.allreduce_recursive_doubling(ch, send, send_target, recv,
                                                         recv_target, tmp, tmp_target, ufunc))
         self._rd_scratch = (recv.dtype, recv.shape, tmp, tmp_target)
@@ -500,7 +572,13 @@ class Collectives:
                 if send.n != counts[r]:
                     raise ValueError(f"{name}: the send buffer has {send.n} elements, the "
                                      f"root's block {counts[r]}")
-        ch = self._chan(name, send, recv)
+        b = send if send is not None else recv
+        if v:
+            fp = self._fp(name, b, -1, root, own=counts[r],
+                          vec=counts if r == root else ())
+        else:
+            fp = self._fp(name, b, counts[r], root)
+        ch = self._chan(name, send, recv, fp=fp)
         return self._run(ch, alg.gatherv(ch, send, recv, counts, displs, root))
 
     async def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
@@ -565,7 +643,13 @@ class Collectives:
                 if recv.n < counts[r] or (not v and recv.n != counts[r]):
                     raise ValueError(f"{name}: the receive buffer has {recv.n} elements, "
                                      f"the root's block {counts[r]}")
-        ch = self._chan(name, send, recv)
+        b = recv if recv is not None else send
+        if v:
+            fp = self._fp(name, b, -1, root, own=counts[r],  # (off the root: its buffer)
+                          vec=counts if r == root else ())
+        else:
+            fp = self._fp(name, b, counts[r], root)
+        ch = self._chan(name, send, recv, fp=fp)
         return self._run(ch, alg.scatterv(ch, send, counts, displs, recv, root))
 
     async def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
@@ -607,9 +691,9 @@ class Collectives:
     def _allgatherv(self, sendbuf: Any, recvspec: Any, v: bool) -> Awaitable[None]:
         name = "Allgatherv" if v else "Allgather"
         p, r = self.size, self.rank
-        if (not v and small_ok(sendbuf, recvspec) and self._small.usable(sendbuf.nbytes)
-                and recvspec.flags.writeable and sendbuf.dtype == recvspec.dtype
-                and recvspec.size == sendbuf.size * p):
+        if (not v and not self._group.check and small_ok(sendbuf, recvspec)
+                and self._small.usable(sendbuf.nbytes) and recvspec.flags.writeable
+                and sendbuf.dtype == recvspec.dtype and recvspec.size == sendbuf.size * p):
             return self._small.allgather(self._small_chan(name), sendbuf, recvspec)
         if v:
             recv, counts, displs = self._spec(recvspec, True, f"{name} receive")
@@ -623,7 +707,14 @@ class Collectives:
             if send.n != counts[r]:
                 raise ValueError(f"{name}: the send buffer has {send.n} elements, "
                                  f"{counts[r]} expected (this rank's block)")
-        ch = self._chan(name, send, recv)
+        if (not v and self._group.check and not recv.device
+                and self._small.usable(counts[r] * recv.arr.itemsize)):
+            own = recv.arr[displs[r]:displs[r] + counts[r]] if send is None else send.arr
+            if send is None:
+                own = own.copy()
+            return self._combined(name, own, recv.arr)
+        ch = self._chan(name, send, recv, fp=self._fp(
+            name, recv, -1 if v else counts[r], own=counts[r], vec=counts if v else ()))
 
         if p == 1:
             async def run() -> None:
@@ -676,7 +767,8 @@ class Collectives:
     def _alltoallv(self, sendspec: Any, recvspec: Any, v: bool) -> Awaitable[None]:
         name = "Alltoallv" if v else "Alltoall"
         p = self.size
-        if (not v and small_ok(sendspec, recvspec) and recvspec.flags.writeable
+        if (not v and not self._group.check and small_ok(sendspec, recvspec)
+                and recvspec.flags.writeable
                 and sendspec.dtype == recvspec.dtype and sendspec.size == recvspec.size
                 and sendspec.size % p == 0 and self._small.usable(sendspec.nbytes // p)):
             return self._small.alltoall(self._small_chan(name), sendspec, recvspec)
@@ -701,7 +793,11 @@ class Collectives:
         if scounts[r] != rcounts[r]:
             raise ValueError(f"{name}: this rank sends itself {scounts[r]} elements but "
                              f"expects {rcounts[r]}")
-        ch = self._chan(name, send, recv)
+        if (not v and self._group.check and not recv.device and p > 1
+                and self._small.usable(rcounts[0] * recv.arr.itemsize)):
+            return self._combined(name, recv.arr.copy() if in_place else send.arr, recv.arr)
+        ch = self._chan(name, send, recv, fp=self._fp(
+            name, recv, -1 if v else recv.n, vec=list(scounts) + list(rcounts) if v else ()))
 
         async def run() -> None:
             src = send
@@ -756,7 +852,8 @@ class Collectives:
                        ) -> Awaitable[None]:
         name = "Reduce_scatter_block" if recvcounts is None else "Reduce_scatter"
         p, r = self.size, self.rank
-        if (recvcounts is None and small_ok(sendbuf, recvbuf) and recvbuf.flags.writeable
+        if (recvcounts is None and not self._group.check and small_ok(sendbuf, recvbuf)
+                and recvbuf.flags.writeable
                 and sendbuf.dtype == recvbuf.dtype and sendbuf.size % p == 0
                 and recvbuf.size >= sendbuf.size // p
                 and self._small.usable(sendbuf.nbytes // p)):
@@ -781,7 +878,13 @@ class Collectives:
             raise ValueError(f"{name}: the receive buffer has {recv.n} elements, "
                              f"{counts[r]} needed")
         ufunc = _ufunc(op, send.arr)
-        ch = self._chan(name, send)
+        if (recvcounts is None and self._group.check and not recv.device and p > 1
+                and self._small.usable(counts[0] * send.arr.itemsize)):
+            return self._combined(name, send.arr.copy() if in_place else send.arr, recv.arr,
+                                  -1, op, ufunc, recv.arr[:counts[r]])
+        ch = self._chan(name, send, fp=self._fp(
+            name, send, -1 if recvcounts is not None else send.n, -1, op,
+            vec=counts if recvcounts is not None else ()))
 
         async def run() -> None:
             src = send
@@ -855,7 +958,7 @@ class Collectives:
                                                           f"{name} send buffer")
         self._same(send, recv, name, send.n)
         ufunc = _ufunc(op, send.arr)
-        ch = self._chan(name, send)
+        ch = self._chan(name, send, fp=self._fp(name, send, send.n, -1, op))
         return self._run(ch, alg.scan(ch, send, recv, ufunc, exclusive))
 
     async def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, *,
@@ -958,6 +1061,10 @@ class Collectives:
 
     async def _run_barrier(self, seq: int) -> None:
         g = self._group
+        if g.check:  # (the round of fingerprints is itself a barrier)
+            ch = Chan(g, seq, "barrier")
+            await ch.guard(ch.check(fingerprint.make("barrier")))
+            return
         transport = self._transport
         rank, size = self.rank, self.size
         stag = make_tag(g.cid, KIND_COLL, rank, seq)
@@ -981,6 +1088,21 @@ class Collectives:
     # so that no peer waits for data that will never come; the marker travels on in
     # place of every result it spoils. At the end the failing rank raises its own
     # exception and every rank that saw the marker raises CollectiveError.
+    async def _ochecked(self, what: str, seq: int, coro: Awaitable[Any], root: int = -1,
+                        op: Any = None) -> Any:
+        """Object collective ``what``'s algorithm ``coro`` after its round of
+        fingerprints (checks on; :mod:`ucxcomm.comm.fingerprint`)."""
+        if self._group.check:
+            ch = Chan(self._group, seq, what)
+            try:
+                await ch.guard(ch.check(fingerprint.make(what, fingerprint.GENERAL, op, root)))
+            except BaseException:
+                close = getattr(coro, "close", None)
+                if close is not None:
+                    close()
+                raise
+        return await coro
+
     def _osend(self, call: _ObjCall, obj: Any, dest: int, seq: int) -> list[Any]:
         post = self._group.post_send_obj
         try:
@@ -1044,8 +1166,9 @@ class Collectives:
         self._check_open()
         root = self._group.check_peer(root, "root")
         call = _ObjCall("bcast")
-        return call.result(await self._traced(
-            self._bcast_obj(call, obj, root, self._next_seq()), "bcast", root))
+        seq = self._next_seq()
+        return call.result(await self._traced(self._ochecked(
+            "bcast", seq, self._bcast_obj(call, obj, root, seq), root), "bcast", root))
 
     async def _reduce_obj(self, call: _ObjCall, obj: Any, fn: Callable[[Any, Any], Any],
                           root: int, seqs: tuple[int, int]) -> Any:
@@ -1077,10 +1200,11 @@ class Collectives:
         self._check_open()
         root = self._group.check_peer(root, "root")
         fn = self._pyop(op)
-        seqs = (self._next_seq(), self._next_seq())
+        seq = self._next_seq()
         call = _ObjCall("reduce")
-        return call.result(await self._traced(
-            self._reduce_obj(call, obj, fn, root, seqs), "reduce", root, seq=seqs[0]))
+        return call.result(await self._traced(self._ochecked(
+            "reduce", seq, self._reduce_obj(call, obj, fn, root, (seq, seq)), root, op),
+            "reduce", root))
 
     async def allreduce(self, obj: Any, op: Any = SUM, *, timeout: float | None = None) -> Any:
         """``op`` over every rank's object in rank order; the same result everywhere.
@@ -1090,10 +1214,11 @@ class Collectives:
             return await self._deadline(self.allreduce, (obj, op), timeout, "allreduce")
         self._check_open()
         fn = self._pyop(op)
-        seqs = (self._next_seq(), self._next_seq())
+        seq = self._next_seq()
         call = _ObjCall("allreduce")
-        return call.result(await self._traced(self._allreduce_obj(call, obj, fn, seqs),
-                                              "allreduce", seq=seqs[0]))
+        return call.result(await self._traced(self._ochecked(
+            "allreduce", seq, self._allreduce_obj(call, obj, fn, (seq, seq)), op=op),
+            "allreduce"))
 
     async def _allreduce_obj(self, call: _ObjCall, obj: Any, fn: Callable[[Any, Any], Any],
                              seqs: tuple[int, int]) -> Any:
@@ -1120,8 +1245,9 @@ class Collectives:
         self._check_open()
         root = self._group.check_peer(root, "root")
         call = _ObjCall("gather")
-        return call.result(await self._traced(
-            self._gather_obj(call, obj, root, self._next_seq()), "gather", root))
+        seq = self._next_seq()
+        return call.result(await self._traced(self._ochecked(
+            "gather", seq, self._gather_obj(call, obj, root, seq), root), "gather", root))
 
     async def allgather(self, obj: Any, *, timeout: float | None = None) -> list[Any]:
         """Every rank's object, as a list in rank order, on every rank. An object that
@@ -1130,10 +1256,10 @@ class Collectives:
         if timeout is not None:
             return await self._deadline(self.allgather, (obj,), timeout, "allgather")
         self._check_open()
-        seqs = (self._next_seq(), self._next_seq())
+        seq = self._next_seq()
         call = _ObjCall("allgather")
-        return call.result(await self._traced(self._allgather_obj(call, obj, seqs),
-                                              "allgather", seq=seqs[0]))
+        return call.result(await self._traced(self._ochecked(
+            "allgather", seq, self._allgather_obj(call, obj, (seq, seq))), "allgather"))
 
     async def _allgather_obj(self, call: _ObjCall, obj: Any, seqs: tuple[int, int]) -> Any:
         got: Any = await self._gather_obj(call, obj, 0, seqs[0])
@@ -1156,10 +1282,10 @@ class Collectives:
         seq = self._next_seq()
         call = _ObjCall("scatter")
         if self.rank != root:
-            return call.result(await self._traced(self._orecv(call, root, seq), "scatter",
-                                                  root))
-        return call.result(await self._traced(self._scatter_obj(call, items, root, seq),
-                                              "scatter", root))
+            return call.result(await self._traced(self._ochecked(
+                "scatter", seq, self._orecv(call, root, seq), root), "scatter", root))
+        return call.result(await self._traced(self._ochecked(
+            "scatter", seq, self._scatter_obj(call, items, root, seq), root), "scatter", root))
 
     async def _scatter_obj(self, call: _ObjCall, items: list[Any], root: int, seq: int) -> Any:
         futs: list[Any] = []
@@ -1180,8 +1306,8 @@ class Collectives:
         items = list(objs)
         seq = self._next_seq()
         call = _ObjCall("alltoall")
-        return call.result(await self._traced(self._alltoall_obj(call, items, seq),
-                                              "alltoall"))
+        return call.result(await self._traced(self._ochecked(
+            "alltoall", seq, self._alltoall_obj(call, items, seq)), "alltoall"))
 
     async def _alltoall_obj(self, call: _ObjCall, items: list[Any], seq: int) -> list[Any]:
         p, r = self.size, self.rank
@@ -1202,8 +1328,9 @@ class Collectives:
         fn = self._pyop(op)
         seq = self._next_seq()
         call = _ObjCall("exscan" if exclusive else "scan")
-        return call.result(await self._traced(self._scan_steps(call, obj, fn, exclusive, seq),
-                                              call.name))
+        return call.result(await self._traced(self._ochecked(
+            call.name, seq, self._scan_steps(call, obj, fn, exclusive, seq), op=op),
+            call.name))
 
     async def _scan_steps(self, call: _ObjCall, obj: Any, fn: Callable[[Any, Any], Any],
                           exclusive: bool, seq: int) -> Any:

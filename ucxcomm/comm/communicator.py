@@ -15,9 +15,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import settings
 from .._deadline import check_timeout, within
 from .._serialize import FRAMED, encode, loads_inline
-from ..errors import ClosedError, CommTimeoutError, PeerFailure, TruncationError
+from ..errors import (
+    ClosedError,
+    CollectiveMismatch,
+    CommTimeoutError,
+    PeerFailure,
+    TruncationError,
+)
 from ..tags import (
     ANY_SOURCE,
     ANY_TAG,
@@ -90,6 +97,8 @@ class World:
         #: This process's flight recorder (``comm/trace.py``), shared by its communicators.
         #: (``trace_part``: a world of its own within the job, e.g. a torch group's.)
         self.recorder = trace.open_recorder(rank, size, trace_part)
+        #: Collectives carry fingerprints (``comm/fingerprint.py``); the same on every rank.
+        self.check_collectives = bool(settings.get("UCXCOMM_CHECK_COLLECTIVES"))
         self.comm = Comm(self, tuple(range(size)), 0)
 
     def endpoint(self, world_rank: int) -> Link:
@@ -585,7 +594,8 @@ class Comm(Collectives):
             if self._group.out_of_step is not None:
                 raise CommTimeoutError(self._group.out_of_step)
             await self.barrier(timeout=timeout)
-        except (PeerFailure, CommTimeoutError) as exc:
+        except (PeerFailure, CommTimeoutError, CollectiveMismatch) as exc:
+            # (a mismatch: a rank gave up on a collective the others never joined)
             log.warning("close: not every rank reached close (%s); closing anyway", exc)
         finally:
             self._group.closed = True

@@ -80,6 +80,9 @@ class Group:
         :meth:`check_open`).
     label : str
         How the communicator names itself in messages and ``repr``.
+    check : bool
+        Collectives carry fingerprints (``UCXCOMM_CHECK_COLLECTIVES``,
+        :mod:`ucxcomm.comm.fingerprint`).
     out_of_step : str or None
         Why the communicator takes no further collective (a collective of it timed
         out: the ranks' collectives are out of step), else None.
@@ -88,7 +91,7 @@ class Group:
         (:meth:`match`; the compiled point-to-point path reads it).
     """
 
-    __slots__ = ("_coll_seq", "cid", "closed", "eps", "frame_seq", "label", "match_cache",
+    __slots__ = ("_coll_seq", "check", "cid", "closed", "eps", "frame_seq", "label", "match_cache",
                  "members", "out_of_step", "p2p_base", "peer_sets", "peers_all", "rank",
                  "scratch", "size", "transport", "world")
 
@@ -111,6 +114,7 @@ class Group:
         self.label = f"<ucxcomm.Comm cid={cid} rank={self.rank} size={self.size}>"
         self._coll_seq = 0
         self.out_of_step: str | None = None
+        self.check: bool = world.check_collectives
         self.match_cache: dict[tuple[int, int, int], tuple[int, int, frozenset]] = {}
 
     def __repr__(self) -> str:

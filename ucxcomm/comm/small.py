@@ -9,6 +9,11 @@ then wait (two ranks: one exchange, the send first and the receive waited for in
 Reductions combine contributions in rank order, so the results are
 bit-identical on every rank and equal to the general algorithms' up to floating-point
 association (exact for integers).
+
+With the collective checks on (``UCXCOMM_CHECK_COLLECTIVES``, the default) these calls
+take the combined form of :mod:`ucxcomm.comm.fingerprint` instead (compiled:
+``comm/_fast.pyx``'s ``exchange``; :meth:`SmallCollectives.settle` finishes it); the
+exchanges here serve them with the checks off.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import TruncationError
+from . import fingerprint
 from .algorithms import Chan, _whole
 
 if TYPE_CHECKING:
@@ -26,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["DONE", "SMALL_MAX", "SMALL_MAX_RANKS", "SmallCollectives", "small_ok"]
 
 #: Largest message (bytes, per peer) that takes these paths.
-SMALL_MAX = 8192
+SMALL_MAX = fingerprint.SMALL_MAX
 #: Largest communicator that takes them (one message per peer per rank).
 SMALL_MAX_RANKS = 32
 
@@ -82,7 +88,10 @@ class SmallCollectives:
         """Finish a compiled small collective (``comm/_fast.pyx``'s ``FastCollectives``)
         ``what`` that had to wait: ``rest`` is ``(send futures, receive results or
         futures or None, sequence number, rows)``; a receive that overflowed raises
-        TruncationError naming ``what``."""
+        TruncationError naming ``what``. A checked exchange's :class:`Pending
+        <ucxcomm.comm._fast.Pending>` goes to :meth:`settle`."""
+        if type(rest) is not tuple:
+            return await self.settle(rest)
         sent, got, seq, _ = rest
         ch = Chan(self._group, seq, what)
         ch.sends.extend(sent)
@@ -108,6 +117,8 @@ class SmallCollectives:
                              recv: np.ndarray) -> None:
         """Finish a compiled Allreduce that had to wait: the rows, once every receive
         is done, folded in rank order as the compiled call does."""
+        if type(rest) is not tuple:
+            return await self.settle(rest)
         await self.wait_rest(rest, "Allreduce")
         n = recv.size
         _fold(np.add, np.frombuffer(rest[3], recv.dtype, self.size * n).reshape(self.size, n),
@@ -116,10 +127,26 @@ class SmallCollectives:
     async def rsb_rest(self, rest: tuple[Any, Any, int, bytearray], send: np.ndarray,
                        recv: np.ndarray) -> None:
         """Finish a compiled Reduce_scatter_block that had to wait."""
+        if type(rest) is not tuple:
+            return await self.settle(rest)
         await self.wait_rest(rest, "Reduce_scatter_block")
         n = send.size // self.size
         rows = np.frombuffer(rest[3], send.dtype, self.size * n).reshape(self.size, n)
         _fold(np.add, rows, recv.reshape(-1)[:n])
+
+    async def settle(self, pend: Any, ufunc: Any = None, out: Any = None) -> None:
+        """Finish a checked exchange (``comm/_fast.pyx``'s ``Pending``, the combined
+        form of :mod:`ucxcomm.comm.fingerprint`): wait for its operations, check every
+        rank's fingerprint, copy or fold (``ufunc`` into the flat ``out``: a reduction
+        without a compiled kernel)."""
+        if pend.sends or any(f is not None for f in pend.recvs):
+            ch = Chan(self._group, pend.seq, pend.kind)
+            ch.sends.extend(pend.sends)
+            ch.recvs.extend(f for f in pend.recvs if f is not None)
+            await self._finish(ch)
+        rows = pend.finish()
+        if rows is not None:
+            _fold(ufunc, rows.view(out.dtype), out)
 
     def usable(self, nbytes: int) -> bool:
         return 1 < self.size <= SMALL_MAX_RANKS and nbytes <= SMALL_MAX
