@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from ucxcomm.comm import trace
+from ucxcomm.launch import free_port
 from ucxcomm.testing import clean_env, run_case
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,6 +123,63 @@ def test_status_names_what_each_rank_of_a_hung_job_waits_in():
     assert not os.path.exists(jobdir), "ucxcomm run left its job directory"
     # nor made one of its own (it did: named after its parent, this process, left empty)
     assert had_mine or not os.path.exists(mine), "ucxcomm run made a directory of its own"
+
+
+def test_status_through_the_store_names_what_each_rank_waits_in():
+    """A job started torchrun-style (rank 0 hosts the store; nothing of it in this
+    host's job list is used): ``ucxcomm status --store HOST:PORT --token T`` asks its
+    ranks through the store and names each one's operation while it hangs; a wrong
+    token is refused with a clear error and no records."""
+    mine = os.path.join(os.path.dirname(trace.job_dir()), f"ppid-{os.getpid()}")
+    had_mine = os.path.exists(mine)
+    port, token = free_port(), "status-through-the-store-" + os.urandom(8).hex()
+    procs = [subprocess.Popen(
+        [sys.executable, str(HUNG)], cwd=ROOT, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if r == 2 else subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        text=True, env=dict(clean_env(), RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r),
+                            LOCAL_WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(port), UCXCOMM_TOKEN=token))
+        for r in range(3)]
+    lines: queue.Queue = queue.Queue()
+    out: list[str] = []
+
+    def pump() -> None:
+        assert procs[2].stdout is not None
+        for line in procs[2].stdout:
+            out.append(line)
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    # (torchrun's convention: our store on MASTER_PORT + 1, served by rank 0)
+    status = [sys.executable, "-m", "ucxcomm.cli", "status", "--store", f"127.0.0.1:{port + 1}"]
+    try:
+        _ready(lines, out, time.monotonic() + 90)
+        text = subprocess.run([*status, "--token", token], env=clean_env(),
+                              capture_output=True, text=True, timeout=30)
+        assert text.returncode == 0, text.stdout + text.stderr
+        got = text.stdout
+        assert f"job store 127.0.0.1:{port + 1}: 3 rank(s) recorded" in got, got
+        assert "rank 0 waits in barrier #1 for " in got, got
+        assert "rank 1 waits in Recv(source=2, tag=7) for " in got, got
+        assert "rank 2 is in none of ucxcomm's calls (its last: barrier #0" in got, got
+        js = subprocess.run([*status, "--json"], env=dict(clean_env(), UCXCOMM_TOKEN=token),
+                            capture_output=True, text=True, timeout=30)
+        assert js.returncode == 0, js.stderr
+        (job,) = json.loads(js.stdout)
+        ranks = {r["rank"]: r for r in job["ranks"]}
+        assert [o["call"] for o in ranks[1]["in_flight"]] == ["Recv(source=2, tag=7)"]
+        bad = subprocess.run([*status, "--token", "not-the-token"], env=clean_env(),
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 1 and "could not ask the job" in bad.stderr, bad
+        assert "Recv" not in bad.stdout
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(timeout=30)
+        if not had_mine:
+            shutil.rmtree(mine, ignore_errors=True)
 
 
 def test_run_timeout_prints_the_status_before_the_stacks():

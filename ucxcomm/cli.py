@@ -58,13 +58,17 @@ def _info(as_json: bool, transport: str | None, tag_offload: str | None) -> int:
     return 0
 
 
-def _status(as_json: bool, job: str | None, all_jobs: bool, last: int) -> int:
+def _status(as_json: bool, job: str | None, all_jobs: bool, last: int,
+            store: str | None = None, token: str | None = None) -> int:
     """``ucxcomm status``: what every rank of this host's jobs is doing, from their
-    flight recorders (read from shared memory: no rank has to answer)."""
+    flight recorders (read from shared memory: no rank has to answer); with ``store``,
+    a job anywhere, its ranks asked through its bootstrap store."""
     import os
 
     from .comm import trace
 
+    if store is not None:
+        return _status_remote(as_json, last, store, token)
     if job is not None:
         path = job if os.sep in job else os.path.join(trace.root_dir(), job)
         found = trace.load_job(path)
@@ -81,6 +85,35 @@ def _status(as_json: bool, job: str | None, all_jobs: bool, last: int) -> int:
         return 1
     print("\n\n".join(trace.report(j, last=last) for j in jobs))
     return 0
+
+
+def _status_remote(as_json: bool, last: int, store: str, token: str | None) -> int:
+    import asyncio
+
+    from . import settings
+    from .comm import trace
+    from .errors import UcxCommError
+    from .launch.status import ask
+
+    host, sep, port_text = store.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        print(f"ucxcomm status: --store takes HOST:PORT, got {store!r}", file=sys.stderr)
+        return 2
+    token = token if token is not None else settings.get("UCXCOMM_TOKEN")
+    try:
+        job = asyncio.run(ask(host.strip("[]"), int(port_text), token or "", timeout=1.0))
+    except (UcxCommError, OSError, ValueError) as exc:
+        print(f"ucxcomm status: could not ask the job at {store}: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(trace.as_json([job]), indent=2))
+    else:
+        print(trace.report(job, last=last))
+        size, answered = job.meta["size"], job.meta["answered"]
+        if answered < size:
+            print(f"({size - answered} of {size} rank(s) did not answer within 1 s: "
+                  "not started yet, or gone)")
+    return 0 if job.ranks else 1
 
 
 _BENCH_SUITES = ("p2p", "rma", "collectives", "pipeline", "torch")
@@ -187,6 +220,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also jobs whose processes are gone")
     status.add_argument("--last", type=int, default=5,
                         help="completed operations shown per rank (default 5)")
+    status.add_argument("--store", default=None, metavar="HOST:PORT",
+                        help="a job on other hosts: ask its ranks through its bootstrap "
+                        "store (the token: --token or UCXCOMM_TOKEN)")
+    status.add_argument("--token", default=None,
+                        help="the job's store token (default: UCXCOMM_TOKEN)")
     info = sub.add_parser("info", help="UCX version and library, RDMA/verbs, transports, tag "
                           "offload, CUDA support, and why")
     info.add_argument("--json", action="store_true")
@@ -209,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_job(args.n, prog, tag_output=args.tag_output, timeout=args.timeout,
                        bind=args.bind)
     if args.cmd == "status":
-        return _status(args.json, args.job, args.all_jobs, args.last)
+        return _status(args.json, args.job, args.all_jobs, args.last, args.store, args.token)
     if args.cmd == "info":
         return _info(args.json, args.transport, args.tag_offload)
     return 2  # pragma: no cover

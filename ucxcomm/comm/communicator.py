@@ -99,6 +99,8 @@ class World:
         self.recorder = trace.open_recorder(rank, size, trace_part)
         #: Collectives carry fingerprints (``comm/fingerprint.py``); the same on every rank.
         self.check_collectives = bool(settings.get("UCXCOMM_CHECK_COLLECTIVES"))
+        #: Stops the thread that answers ``ucxcomm status --store`` (launch/status.py).
+        self.status_stop: Callable[[], None] | None = None
         self.comm = Comm(self, tuple(range(size)), 0)
 
     def endpoint(self, world_rank: int) -> Link:
@@ -147,6 +149,8 @@ class World:
         if self.closed:
             return
         self.closed = True
+        if self.status_stop is not None:
+            self.status_stop()
         trace.close_recorder(self.recorder)
         self.pool.clear()
         self.scratch.clear()
@@ -163,6 +167,8 @@ class World:
 
     def abort(self) -> None:
         self.closed = True
+        if self.status_stop is not None:
+            self.status_stop()
         trace.close_recorder(self.recorder)
         self.worker.abort()
 

@@ -320,6 +320,10 @@ async def _form_world_steps(spec: WorldSpec, deadline: Deadline, config: dict[st
         await watch_peers(world, client, server,
                           host_rank=0 if not spec.source == "ucxcomm" else None,
                           timeout=deadline.left() or 0.0)
+        assert spec.host is not None and spec.port is not None
+        from .status import serve
+
+        serve(world, spec.host, spec.port, spec.token)  # (ucxcomm status --store)
     log.debug("rank %d/%d: world formed via %s", spec.rank, spec.size, spec.source)
     return world
 
