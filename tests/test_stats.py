@@ -28,36 +28,36 @@ def test_counts_window_calls_per_target(nranks):
 # UCX_TLS=tcp, a TCP one (abridged).
 SHM = """\
 #                 lane[0]:  3:sysv/memory.0 md[2]           -> md[2]/sysv/sysdev[255] am
-# +--------------------------------+---------------------------------------------------------+
-# | ucp_context_0 intra-node cfg#0 | tagged message by ucp_tag_send* from host memory        |
-# +--------------------------------+-------------------------------------------+-------------+
-# |                          0..92 | eager short                               | sysv/memory |
-# |                       93..5028 | eager copy-in copy-out                    | sysv/memory |
-# |                      5029..inf | (?) rendezvous zero-copy read from remote | cma/memory  |
-# +--------------------------------+-------------------------------------------+-------------+
+# +---+---+
+# | ucp_context_0 cfg#0 | tagged message by ucp_tag_send* from host memory |
+# +---+---+---+
+# | 0..92 | eager short | sysv/memory |
+# | 93..5028 | eager copy-in copy-out | sysv/memory |
+# | 5029..inf | (?) rendezvous zero-copy read from remote | cma/memory |
+# +---+---+---+
 #
-# +--------------------------------+----------------------------------------------------------------------+
-# | ucp_context_0 intra-node cfg#0 | tagged message by ucp_tag_send*(fast-completion) from host memory    |
-# +--------------------------------+--------------------------------------------------------+-------------+
-# |                          0..92 | eager short                                            | sysv/memory |
-# |                       93..8248 | eager copy-in copy-out                                 | sysv/memory |
-# |                   8249..262143 | multi-frag eager copy-in copy-out                      | sysv/memory |
-# |                      256K..inf | (?) rendezvous zero-copy read from remote              | cma/memory  |
-# +--------------------------------+--------------------------------------------------------+-------------+
+# +---+---+
+# | ucp_context_0 cfg#0 | tagged message by ucp_tag_send*(fast-completion) from host memory |
+# +---+---+---+
+# | 0..92 | eager short | sysv/memory |
+# | 93..8248 | eager copy-in copy-out | sysv/memory |
+# | 8249..262143 | multi-frag eager copy-in copy-out | sysv/memory |
+# | 256K..inf | (?) rendezvous zero-copy read from remote | cma/memory |
+# +---+---+---+
 #
-# +--------------------------------+---------------------------------------------------------+
-# | ucp_context_0 intra-node cfg#0 | active message by ucp_am_send* from host memory         |
-# +--------------------------------+-------------------------------------------+-------------+
-# |                          0..92 | short                                     | sysv/memory |
-# +--------------------------------+-------------------------------------------+-------------+
+# +---+---+
+# | ucp_context_0 cfg#0 | active message by ucp_am_send* from host memory |
+# +---+---+---+
+# | 0..92 | short | sysv/memory |
+# +---+---+---+
 """
 TCP = """\
-# | ucp_context_0 intra-node cfg#0 | tagged message by ucp_tag_send* from host memory        |
-# +--------------------------------+-------------------------------------------------+-----------------------------------+
-# |                              0 | eager short                                     | tcp/lo                            |
-# |                        1..8339 | eager zero-copy copy-out                        | tcp/lo                            |
-# |                      8340..inf | (?) rendezvous zero-copy fenced write to remote | 52% on tcp/lo and 48% on tcp/eth0 |
-# +--------------------------------+-------------------------------------------------+-----------------------------------+
+# | ucp_context_0 cfg#0 | tagged message by ucp_tag_send* from host memory |
+# +---+---+---+
+# | 0 | eager short | tcp/lo |
+# | 1..8339 | eager zero-copy copy-out | tcp/lo |
+# | 8340..inf | (?) rendezvous zero-copy fenced write | 52% on tcp/lo and 48% on tcp/eth0 |
+# +---+---+---+
 """
 
 
@@ -76,7 +76,7 @@ def test_protocol_table_reads_single_sizes_and_split_lanes():
     assert protocol_table(TCP) == {"plain": [
         Row(0, "0", "eager short", "tcp/lo"),
         Row(1, "1..8339", "eager zero-copy copy-out", "tcp/lo"),
-        Row(8340, "8340..inf", "(?) rendezvous zero-copy fenced write to remote",
+        Row(8340, "8340..inf", "(?) rendezvous zero-copy fenced write",
             "52% on tcp/lo and 48% on tcp/eth0")]}
 
 
