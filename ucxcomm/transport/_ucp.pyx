@@ -167,7 +167,13 @@ def ep_info(uintptr_t ep):
     protocols v2, the protocol chosen per operation and size range), or ``""``."""
     cdef char out[32768]
     cdef long n = ucxcomm_ep_info(ep, out, sizeof(out))
-    return out.decode("utf-8", "replace") if n >= 0 else ""
+    if n < 0:
+        return ""
+    if <size_t>n < sizeof(out):
+        return out.decode("utf-8", "replace")
+    cdef bytearray big = bytearray(n + 1)  # (many lanes and tables: read it again)
+    n = ucxcomm_ep_info(ep, <char *>big, n + 1)
+    return big[:max(n, 0)].decode("utf-8", "replace")
 
 
 def ep_catch_errors(uintptr_t ep):
