@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <ucs/debug/log_def.h>
@@ -88,6 +89,28 @@ int ucxcomm_ep_transports(uintptr_t ep, char *out, size_t outlen)
         used += (size_t)n;
     }
     return (int)UCS_OK;
+}
+
+long ucxcomm_ep_info(uintptr_t ep, char *out, size_t outlen)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f == NULL) {
+        return -1;
+    }
+    ucp_ep_print_info((ucp_ep_h)ep, f);
+    if (fclose(f) != 0 || text == NULL) {
+        free(text);
+        return -1;
+    }
+    if (outlen > 0) {
+        size_t n = len < outlen - 1 ? len : outlen - 1;
+        memcpy(out, text, n);
+        out[n] = '\0';
+    }
+    free(text);
+    return (long)len;
 }
 
 /* ---- quieting UCX's log while an expected failure may happen */

@@ -16,6 +16,24 @@
 
 #define UCXCOMM_INPROGRESS 1
 
+/* Sends ask UCX for fast completion (UCP_OP_ATTR_FLAG_FAST_CMPL) up to
+ * UCXCOMM_FAST_SMALL_MAX bytes on every endpoint, and below UCXCOMM_FAST_SEND_MAX on an
+ * endpoint whose lanes are all shared memory or self ("fast lanes"). Above that UCX
+ * uses rendezvous either way, and over TCP the fast-completion variant cut 64 MiB
+ * bandwidth from ~2.2 to 0.7 GB/s. Up to FAST_SMALL_MAX on every endpoint: over TCP
+ * the plain request sends 1 B to 16 KiB by zero-copy (an iovec send and its
+ * completion); with the flag UCX sends up to 8184 bytes as eager short (8 B TCP
+ * latency 4.9 -> 4.7-4.8 us here, A/B, 3 runs each). RDMA lanes: not measured (UCX's
+ * small-message choice there is eager short or copy either way). */
+#define UCXCOMM_FAST_SMALL_MAX 8184
+#define UCXCOMM_FAST_SEND_MAX 262144
+
+/* Whether a send of n bytes asks for fast completion (fast_lanes: see above). */
+static inline int ucxcomm_fast_send(int fast_lanes, size_t n)
+{
+    return n <= UCXCOMM_FAST_SMALL_MAX || (fast_lanes && n < UCXCOMM_FAST_SEND_MAX);
+}
+
 /* ---- info.c: library facts and constants */
 typedef struct {
     const char *name;
@@ -30,6 +48,10 @@ const char *ucxcomm_version_string(void);
 const char *ucxcomm_libucp_path(void);
 /* Writes "tl/dev;tl/dev;..." for an endpoint's lanes (ucp_ep_query). */
 int ucxcomm_ep_transports(uintptr_t ep, char *out, size_t outlen);
+/* Writes UCX's description of an endpoint (ucp_ep_print_info: its lanes and, with
+ * protocols v2, the protocol table per operation and size range), NUL-terminated and
+ * cut at outlen; returns its full length, or -1. */
+long ucxcomm_ep_info(uintptr_t ep, char *out, size_t outlen);
 /* Swallow UCX's warnings and errors until the matching pop, which returns how many it
  * swallowed (around a call whose failure is reported as an exception anyway). Calls
  * that may log meanwhile from other threads are swallowed too: keep the span short. */
@@ -75,6 +97,43 @@ unsigned long ucxcomm_ep_failures(void);
 /* 1 if the callback saw this endpoint fail (among the last 64 failures), else 0;
  * forget: clear the record (call it so when closing the endpoint). */
 int ucxcomm_ep_failed(uintptr_t ep, int forget);
+
+/* ---- stats.c: traffic counters of a tag engine, per peer slot (slot 0: messages no
+ * route names). A message is tallied under the row of UCX's protocol table (per
+ * variant: 0 plain, 1 fast completion) whose size range holds its size, given as the
+ * rows' first sizes (ucxcomm_stats_set_rows, from ucp_ep_print_info); without rows,
+ * or for device memory, under UCXCOMM_STATS_UNCLASSIFIED. */
+#define UCXCOMM_STATS_ROWS 8
+#define UCXCOMM_STATS_UNCLASSIFIED (2 * UCXCOMM_STATS_ROWS)
+typedef struct {
+    uint64_t messages;
+    uint64_t bytes;
+} ucxcomm_tally_t;
+typedef struct {
+    ucxcomm_tally_t sent[2 * UCXCOMM_STATS_ROWS + 1]; /* [variant * ROWS + row] */
+    ucxcomm_tally_t recv[2 * UCXCOMM_STATS_ROWS + 1];
+    ucxcomm_tally_t unexpected; /* receives that found their message already here */
+    size_t first[2][UCXCOMM_STATS_ROWS];
+    unsigned rows[2];
+    int fast; /* the endpoint's lanes are fast lanes (see ucxcomm_fast_send) */
+} ucxcomm_peer_stats_t;
+typedef struct ucxcomm_stats ucxcomm_stats_t;
+ucxcomm_stats_t *ucxcomm_stats_new(void);
+void ucxcomm_stats_free(ucxcomm_stats_t *s);
+/* A new peer slot (its index), or -1 (out of memory). */
+int ucxcomm_stats_peer(ucxcomm_stats_t *s);
+const ucxcomm_peer_stats_t *ucxcomm_stats_get(const ucxcomm_stats_t *s, int slot);
+/* Sends on endpoint ep count to slot (> 0); 0, or -1 (bad slot, out of memory). */
+int ucxcomm_stats_route_ep(ucxcomm_stats_t *s, uintptr_t ep, int slot, int fast);
+/* Received messages whose sender tag >> shift == prefix count to slot (> 0); every
+ * route of an engine has the same shift. 0, or -1. */
+int ucxcomm_stats_route_src(ucxcomm_stats_t *s, unsigned shift, uint64_t prefix, int slot);
+int ucxcomm_stats_set_rows(ucxcomm_stats_t *s, int slot, int variant, const size_t *first,
+                           unsigned rows);
+/* variant: 0 plain, 1 fast completion (what the send asked for), -1 unclassified. */
+void ucxcomm_count_send(ucxcomm_stats_t *s, uintptr_t ep, size_t n, int variant);
+void ucxcomm_count_recv(ucxcomm_stats_t *s, uint64_t sender_tag, size_t n, int unexpected,
+                        int device);
 
 /* ---- rma.c: the RMA engine, a UCP context + thread-safe worker of its own whose
  * progress thread serves peers' emulated RMA/atomics while Python computes. */

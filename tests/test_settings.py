@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 _NAME = re.compile(r"UCXCOMM_[A-Z0-9_]+")
 # UCXCOMM_ names that are not variables (C identifiers of the extension).
 _NOT_VARIABLES = {"UCXCOMM_INPROGRESS", "UCXCOMM_CONST", "UCXCOMM_UCP_H",
-                  "UCXCOMM_INTERNAL_H"}
+                  "UCXCOMM_INTERNAL_H", "UCXCOMM_FAST_SMALL_MAX", "UCXCOMM_FAST_SEND_MAX",
+                  "UCXCOMM_STATS_ROWS", "UCXCOMM_STATS_UNCLASSIFIED"}
 
 
 def _names_in(paths):

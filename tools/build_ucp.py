@@ -3,8 +3,8 @@
 
 Two parts, so that each gets the warnings it deserves:
 
-* ``ucxcomm_csrc``: the C helpers in ``csrc/`` (info, tag path, RMA engine), a static
-  library compiled with ``-Wall -Wextra`` (``-Werror`` when ``UCXCOMM_WERROR=1``, as
+* ``ucxcomm_csrc``: the C helpers in ``csrc/`` (info, tag path, RMA engine, counters), a
+  static library compiled with ``-Wall -Wextra`` (``-Werror`` when ``UCXCOMM_WERROR=1``, as
   ci/env.sh sets it); UCX's own headers are included as system headers (they are not
   ``-Wextra`` clean);
 * the Cython module ``ucxcomm/transport/_ucp.pyx`` (generated C: Cython's own warnings are
@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 CSRC = "csrc"
-C_SOURCES = ["info.c", "tag.c", "rma.c"]
+C_SOURCES = ["info.c", "tag.c", "rma.c", "stats.c"]
 WARNINGS = ["-Wall", "-Wextra"]
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "conn_tag",
     "make_mask",
     "make_tag",
+    "sender_prefixes",
     "split_tag",
     "with_source",
 ]
@@ -81,6 +82,18 @@ def make_mask(source: int, tag: int) -> int:
     if tag != ANY_TAG:
         mask |= _TAG_MASK
     return mask
+
+
+#: A received tag ``>> SENDER_SHIFT`` names its communicator context and source rank.
+SENDER_SHIFT = _SRC_SHIFT
+
+
+def sender_prefixes(cid: int, source: int) -> list[int]:
+    """The values ``tag >> SENDER_SHIFT`` of every tag that ``source`` sends in
+    communicator ``cid`` (each context kind): how the transport's counters tell whose
+    a received message is."""
+    return [(((cid << 2) | kind) << SRC_BITS) | source
+            for kind in (KIND_P2P, KIND_COLL, KIND_FRAMES)]
 
 
 def split_tag(value: int) -> tuple[int, int]:

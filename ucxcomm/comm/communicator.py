@@ -240,6 +240,59 @@ class Comm(Collectives):
         cid = self._group.cid
         return [o for o in trace.parse(data)[1] if o.cid == cid]
 
+    def stats(self) -> dict[str, Any]:
+        """Traffic counters: per peer rank of this communicator, what this process sent
+        to and received from it, and per window made over this communicator, its
+        one-sided calls. A plain dict (``json.dumps`` takes it)::
+
+            {"rank": 0, "size": 2,
+             "peers": {1: {"world_rank": 1, "lanes": ["sysv/memory", "cma/memory"],
+                           "sent": {"messages", "bytes", "eager", "rendezvous",
+                                    "unclassified", "lanes", "protocols"},
+                           "received": {... the same, and "unexpected"}}},
+             "windows": [Win.stats(), ...]}
+
+        ``eager``, ``rendezvous``, ``unclassified``, ``unexpected`` and each entry of
+        ``lanes`` (by lane) are ``{"messages": int, "bytes": int}``; ``protocols`` lists
+        the rows of UCX's protocol table that counted messages (``variant``, ``sizes``,
+        ``protocol``, ``lane``, ``messages``, ``bytes``).
+
+        What the numbers mean (docs/debugging.md, "Counters"):
+
+        * Counters are per process and peer, not per communicator: a peer's endpoint
+          is shared by every communicator, so each communicator over the same peers
+          reports the same numbers. They count every tag message: user sends and
+          receives, the collectives' messages and object frames, the library's own.
+        * A message is *sent* when posted to UCX (a send that then fails counts too),
+          *received* when it matched a receive. *Unexpected*: the receive found its
+          message already arrived (UCX had queued it before the receive was made).
+        * *Eager* / *rendezvous* and the lane: the row of UCX's protocol table of the
+          peer's endpoint that the message's size falls in (``ucp_ep_print_info``; the
+          selection UCX made for that size, not a per-message report). Device memory,
+          and endpoints without such a table (``UCX_PROTO_ENABLE=n``), count as
+          *unclassified*. ``lanes`` (per peer): every lane of the endpoint
+          (``ucp_ep_query``), empty when this rank has no endpoint to it.
+
+        Windows: see :meth:`ucxcomm.Win.stats`. Readable after the communicator or
+        the world was closed.
+        """
+        g = self._group
+        transport = self._transport
+        peers: dict[int, Any] = {}
+        for r, w in enumerate(g.members):
+            counted = transport.traffic(w) or {}
+            ep = g.eps[r]
+            lanes = []
+            if ep is not None:
+                try:
+                    lanes = [f"{tl}/{dev}" for tl, dev in ep.transports()]
+                except ClosedError:
+                    pass
+            peers[r] = {"world_rank": w, "lanes": lanes, **counted}
+        g.windows[:] = [ref for ref in g.windows if ref() is not None]
+        wins = [win.stats() for win in (ref() for ref in g.windows) if win is not None]
+        return {"rank": self.rank, "size": self.size, "peers": peers, "windows": wins}
+
     # ------------------------------------------------------- buffer messages
     def _post_send(self, buf: Any, dest: Any, tag: Any) -> Any:
         if self._group.closed or self._world.closed:

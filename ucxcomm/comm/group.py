@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import numbers
+import weakref
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .._serialize import FRAMED, Header, loads_inline, recv_object, send_encoded, send_object
@@ -23,9 +24,11 @@ from ..tags import (
     KIND_FRAMES,
     KIND_P2P,
     MAX_CID,
+    SENDER_SHIFT,
     TAG_UB,
     make_mask,
     make_tag,
+    sender_prefixes,
     split_tag,
 )
 from .request import Status
@@ -86,6 +89,8 @@ class Group:
     out_of_step : str or None
         Why the communicator takes no further collective (a collective of it timed
         out: the ranks' collectives are out of step), else None.
+    windows : list of weakref
+        The windows made over the communicator (``Comm.stats`` reports them).
     match_cache : dict
         ``(kind, source, tag) -> (ucx_tag, mask, peers)`` of receives checked before
         (:meth:`match`; the compiled point-to-point path reads it).
@@ -93,7 +98,7 @@ class Group:
 
     __slots__ = ("_coll_seq", "check", "cid", "closed", "eps", "frame_seq", "label", "match_cache",
                  "members", "out_of_step", "p2p_base", "peer_sets", "peers_all", "rank",
-                 "scratch", "size", "transport", "world")
+                 "scratch", "size", "transport", "windows", "world")
 
     def __init__(self, world: World, members: tuple[int, ...], cid: int) -> None:
         if cid > MAX_CID:
@@ -116,6 +121,10 @@ class Group:
         self.out_of_step: str | None = None
         self.check: bool = world.check_collectives
         self.match_cache: dict[tuple[int, int, int], tuple[int, int, frozenset]] = {}
+        self.windows: list[weakref.ref] = []
+        # Messages from each member count as the member's (its world rank's) traffic.
+        for source, peer in enumerate(members):
+            self.transport.count_senders(SENDER_SHIFT, sender_prefixes(cid, source), peer)
 
     def __repr__(self) -> str:
         return f"<ucxcomm.comm.group.Group of {self.label}>"

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +79,11 @@ YIELD_S = 1e-3
 _monotonic = time.monotonic
 
 
+# Win._counts[rank]: what this rank issued to ``rank`` (Win.stats).
+_PUTS, _PUT_BYTES, _GETS, _GET_BYTES, _ATOMICS, _ATOMIC_BYTES, _FLUSHES = range(7)
+_COUNTED = ("puts", "put_bytes", "gets", "get_bytes", "atomics", "atomic_bytes", "flushes")
+
+
 def _native(op: Op, dt: np.dtype) -> bool:
     return dt in _INT_AMO and (op in _NATIVE or op is NO_OP)
 
@@ -102,6 +108,7 @@ class Win:
     _ctl: list[Remote]  # every rank's control words
     _units: list[int]
     _held: dict[int, bool]
+    _counts: list[list[int]]  # per target rank, indexed by _PUTS...
 
     def __init__(self) -> None:  # use Allocate/Create
         self._closed = True
@@ -172,6 +179,8 @@ class Win:
             await deadline.wait(rm.wireup())
         await comm.barrier(timeout=deadline.left())
         self._held = {}  # rank -> exclusive?
+        self._counts = [[0] * len(_COUNTED) for _ in infos]
+        comm.group.windows.append(weakref.ref(self))
         self._closed = False
         return self
 
@@ -218,6 +227,9 @@ class Win:
         else:
             arr = self._origin(origin, False, "Put origin")
         off = self._offset(r, target_disp, arr.nbytes, "Put")
+        c = self._counts[r]
+        c[_PUTS] += 1
+        c[_PUT_BYTES] += arr.nbytes
         await self._mem[r].put(arr, off)
 
     async def Get(self, origin: Any, target_rank: int, target_disp: int = 0, *,
@@ -234,6 +246,9 @@ class Win:
         else:
             arr = self._origin(origin, True, "Get origin")
         off = self._offset(r, target_disp, arr.nbytes, "Get")
+        c = self._counts[r]
+        c[_GETS] += 1
+        c[_GET_BYTES] += arr.nbytes
         await self._mem[r].get(arr, off)
 
     async def Accumulate(self, origin: Any, target_rank: int, target_disp: int = 0,
@@ -265,6 +280,7 @@ class Win:
         if op.ufunc is not None:
             _ufunc(op, src)  # op/dtype check before any I/O
         off = self._offset(r, target_disp, src.nbytes, what)
+        self._count_atomic(r, src.nbytes)
         if _native(op, dt):  # one remote atomic per element, all in flight together
             values = [0] * src.size if op is NO_OP else src.tolist()
             olds = await within(
@@ -325,6 +341,9 @@ class Win:
             r = self._check(target_rank)
             size = _INT_AMO_KEYS[dtype]
             off = self._offset(r, target_disp, size, "Fetch_and_op")
+            c = self._counts[r]
+            c[_ATOMICS] += 1
+            c[_ATOMIC_BYTES] += size
             return await self._mem[r].atomic(amo, 0 if op is NO_OP else value, off, dtype)
         deadline = Deadline(timeout, "Fetch_and_op")
         if amo is not None:
@@ -344,6 +363,7 @@ class Win:
         r = self._check(target_rank)
         dt = np.dtype(dtype)
         off = self._offset(r, target_disp, dt.itemsize, "Compare_and_swap")
+        self._count_atomic(r, dt.itemsize)
         if dt in _INT_AMO:
             op = self._mem[r].atomic("cswap", value, off, dt, compare=compare)
             if timeout is None:  # the common case: no wrapper around the one atomic
@@ -374,6 +394,7 @@ class Win:
             await self._let_loop_run()
         if self._dead(r):
             raise PeerFailure(f"Flush: rank {r} died", peer=r)
+        self._counts[r][_FLUSHES] += 1
         if timeout is None:  # the common case: no wrapper (Put + Flush is the latency)
             await self._mem[r].flush()
         else:
@@ -496,6 +517,7 @@ class Win:
             await within(asyncio.shield(self._release(r, exclusive)), timeout, "Unlock")
 
     async def _release(self, r: int, exclusive: bool) -> None:
+        self._counts[r][_FLUSHES] += 1
         await self._mem[r].flush()
         ctl = self._ctl[r]
         mine = _EXCL | self.comm.rank << _HOLDER_SHIFT if exclusive else 1
@@ -589,6 +611,30 @@ class Win:
         if self._closed:
             raise ClosedError("the window was freed")
         return {r: mem.transports() for r, mem in enumerate(self._mem)}
+
+    def _count_atomic(self, r: int, nbytes: int) -> None:
+        c = self._counts[r]
+        c[_ATOMICS] += 1
+        c[_ATOMIC_BYTES] += nbytes
+
+    def stats(self) -> dict[str, Any]:
+        """What this rank issued on this window, in total and per target rank: a plain
+        dict ``{"size", "freed", "puts", "put_bytes", "gets", "get_bytes", "atomics",
+        "atomic_bytes", "flushes", "targets": {rank: {the same counts}}}``.
+
+        Calls are counted once their arguments are checked (one that then fails or
+        times out counts too). ``atomics``: ``Accumulate``, ``Get_accumulate``,
+        ``Fetch_and_op`` and ``Compare_and_swap`` calls (bytes: the origin's), however
+        they are carried out (remote atomics element by element, or get-op-put under
+        the target's accumulate lock, whose own traffic is not counted). ``flushes``:
+        flushes of a target's memory: each ``Flush``, one per rank for ``Flush_all``,
+        ``Fence`` and ``Free``, and each ``Unlock``'s. ``Lock``/``Unlock``'s lock-word
+        atomics are not counted. Readable after :meth:`Free`.
+        """
+        counts = getattr(self, "_counts", [])
+        targets = {r: dict(zip(_COUNTED, c, strict=True)) for r, c in enumerate(counts)}
+        total = {k: sum(t[k] for t in targets.values()) for k in _COUNTED}
+        return {"size": len(counts), "freed": self._closed, **total, "targets": targets}
 
     @property
     def closed(self) -> bool:

@@ -75,6 +75,8 @@ cdef class TagEngine:
     cdef object _monotonic
     cdef int _canceled         # UCS_ERR_CANCELED
     cdef int _truncated        # UCS_ERR_MESSAGE_TRUNCATED
+    cdef void *_stats          # the traffic counters (csrc/stats.c's ucxcomm_stats_t)
+    cdef dict _stat_slots      # peer label -> counter slot
 
     cdef int c_check(self, object peers) except -1
     cdef object _dead_error(self, object peers)
@@ -98,12 +100,15 @@ cdef class TagEngine:
     cdef object _matched(self, Op op)
     cdef bint _overlaps(self, uint64_t tag, uint64_t mask) except -1
     cdef object _post_to_ucx(self, Op op)
-    cdef void _finish_posted(self, Op op, int st, uint64_t stag, size_t length) except *
+    cdef void _finish_posted(self, Op op, int st, uint64_t stag, size_t length,
+                             bint early) except *
     cdef bint _spin_match(self, Op op) except -1
     cdef bint _others(self, object ready) except -1
     cdef object _result(self, Op op)
-    cdef bint _try_match(self, Op op) except -1
-    cdef int _recv_msg(self, Op op, void *msg, uint64_t stag, size_t nbytes) except -1
+    cdef bint _try_match(self, Op op, bint early) except -1
+    cdef int _recv_msg(self, Op op, void *msg, uint64_t stag, size_t nbytes,
+                       bint early) except -1
+    cdef int _stat_slot(self, object label) except -1
     cdef int _started(self, Op op, int st, void *req) except -1
     cdef void _complete(self, Op op, int status) except *
     cdef void _copy_prefix(self, Op op) except *

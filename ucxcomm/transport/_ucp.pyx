@@ -44,6 +44,7 @@ cdef extern from "ucxcomm_ucp.h" nogil:
     void ucxcomm_log_drop_lost_requests()
     unsigned long ucxcomm_log_lost_requests()
     int ucxcomm_ep_transports(uintptr_t ep, char *out, size_t outlen)
+    long ucxcomm_ep_info(uintptr_t ep, char *out, size_t outlen)
     int ucxcomm_ep_catch_errors(uintptr_t ep)
     unsigned long ucxcomm_ep_failures()
     int ucxcomm_ep_failed(uintptr_t ep, int forget)
@@ -60,6 +61,32 @@ cdef extern from "ucxcomm_ucp.h" nogil:
     unsigned ucxcomm_progress(uintptr_t worker)
     int ucxcomm_arm(uintptr_t worker)
     void ucxcomm_cancel(uintptr_t worker, void *req)
+    int ucxcomm_fast_send(int fast_lanes, size_t n)
+
+    int UCXCOMM_STATS_ROWS
+    int UCXCOMM_STATS_UNCLASSIFIED
+    ctypedef struct ucxcomm_tally_t:
+        uint64_t messages
+        uint64_t bytes
+    ctypedef struct ucxcomm_peer_stats_t:
+        ucxcomm_tally_t *sent
+        ucxcomm_tally_t *recv
+        ucxcomm_tally_t unexpected
+        unsigned *rows
+    ctypedef struct ucxcomm_stats_t:
+        pass
+    ucxcomm_stats_t *ucxcomm_stats_new()
+    void ucxcomm_stats_free(ucxcomm_stats_t *s)
+    int ucxcomm_stats_peer(ucxcomm_stats_t *s)
+    const ucxcomm_peer_stats_t *ucxcomm_stats_get(const ucxcomm_stats_t *s, int slot)
+    int ucxcomm_stats_route_ep(ucxcomm_stats_t *s, uintptr_t ep, int slot, int fast)
+    int ucxcomm_stats_route_src(ucxcomm_stats_t *s, unsigned shift, uint64_t prefix,
+                                int slot)
+    int ucxcomm_stats_set_rows(ucxcomm_stats_t *s, int slot, int variant,
+                               const size_t *first, unsigned rows)
+    void ucxcomm_count_send(ucxcomm_stats_t *s, uintptr_t ep, size_t n, int variant)
+    void ucxcomm_count_recv(ucxcomm_stats_t *s, uint64_t sender_tag, size_t n,
+                            int unexpected, int device)
 
     int ucxcomm_rma_create(const char *const *keys, const char *const *values, size_t nopts,
                            double spin_s, void **out, char *err, size_t errlen)
@@ -96,24 +123,16 @@ cdef inline double _now() noexcept nogil:
 
 
 INPROGRESS = UCXCOMM_INPROGRESS
+#: Protocol-table rows counted per variant (``TagEngine.stat_rows``).
+STAT_ROWS = UCXCOMM_STATS_ROWS
 FULL_MASK = (1 << 64) - 1
-cdef enum:
-    # Fast-completion sends only below this size: above it UCX uses rendezvous either
-    # way, and over TCP the fast-completion variant cut 64 MiB bandwidth from ~2.2 to
-    # 0.7 GB/s.
-    FAST_SEND_MAX = 262144
-    # Every endpoint: fast completion up to here. Over TCP the plain request sends 1 B
-    # to 16 KiB by zero-copy (an iovec send and its completion); with the flag UCX
-    # sends up to 8184 bytes as eager short (8 B TCP latency 4.9 -> 4.7-4.8 us here,
-    # A/B, 3 runs each). RDMA lanes: not measured (UCX's small-message choice there is
-    # eager short or copy either way).
-    FAST_SMALL_MAX = 8184
 
 
 cdef inline bint _fast_send(bint fast, size_t n):
     """Whether a send of ``n`` bytes asks for fast completion (``fast``: the endpoint's
-    lanes are all shared memory or self)."""
-    return n <= FAST_SMALL_MAX or (fast and n < FAST_SEND_MAX)
+    lanes are all shared memory or self; the sizes and their reasons:
+    ``csrc/ucxcomm_ucp.h``)."""
+    return ucxcomm_fast_send(fast, n)
 
 
 # ====================================================================== library facts
@@ -141,6 +160,20 @@ def ep_transports(uintptr_t ep):
     cdef char out[4096]
     cdef int st = ucxcomm_ep_transports(ep, out, sizeof(out))
     return st, (out.decode() if st == 0 else "")
+
+
+def ep_info(uintptr_t ep):
+    """UCX's description of an endpoint (``ucp_ep_print_info``: lanes and, with
+    protocols v2, the protocol chosen per operation and size range), or ``""``."""
+    cdef char out[32768]
+    cdef long n = ucxcomm_ep_info(ep, out, sizeof(out))
+    if n < 0:
+        return ""
+    if <size_t>n < sizeof(out):
+        return out.decode("utf-8", "replace")
+    cdef bytearray big = bytearray(n + 1)  # (many lanes and tables: read it again)
+    n = ucxcomm_ep_info(ep, <char *>big, n + 1)
+    return big[:max(n, 0)].decode("utf-8", "replace")
 
 
 def ep_catch_errors(uintptr_t ep):
@@ -401,6 +434,16 @@ cdef class TagEngine:
     """
 
 
+    def __cinit__(self):
+        self._stats = ucxcomm_stats_new()
+        if self._stats == NULL:
+            raise MemoryError("no memory for the traffic counters")
+        self._stat_slots = {}
+
+    def __dealloc__(self):
+        ucxcomm_stats_free(<ucxcomm_stats_t *>self._stats)
+        self._stats = NULL
+
     def _engine_setup(self, uintptr_t worker_handle, loop, ready, double spin_s, bint cuda,
                       status_error, others_ready=None, bint spin_yield=True):
         self._wh = worker_handle
@@ -491,12 +534,10 @@ cdef class TagEngine:
             get_buffer(obj, &view, PyBUF_SIMPLE)
         except (TypeError, ValueError, BufferError):
             return self.send_raw(ep, target(obj, False, self._cuda), tag, peers, fast)
-        try:
-            st = ucxcomm_tag_send(ep, view.buf, view.len, tag,
-                                  _fast_send(fast, view.len), &req)
-        except BaseException:
-            PyBuffer_Release(&view)
-            raise
+        cdef bint fcmpl = _fast_send(fast, view.len)
+        st = ucxcomm_tag_send(ep, view.buf, view.len, tag, fcmpl, &req)
+        if st >= 0:
+            ucxcomm_count_send(<ucxcomm_stats_t *>self._stats, ep, view.len, fcmpl)
         if st == 0:
             PyBuffer_Release(&view)
             return None
@@ -519,8 +560,12 @@ cdef class TagEngine:
         cdef void *req = NULL
         cdef size_t n = t[1]
         self.c_check(peers)
-        cdef int st = ucxcomm_tag_send(ep, <const void *><uintptr_t>t[0], n, tag,
-                                       _fast_send(fast, n), &req)
+        cdef bint fcmpl = _fast_send(fast, n)
+        cdef int st = ucxcomm_tag_send(ep, <const void *><uintptr_t>t[0], n, tag, fcmpl,
+                                       &req)
+        if st >= 0:  # (device memory: UCX's host-memory table does not apply)
+            ucxcomm_count_send(<ucxcomm_stats_t *>self._stats, ep, n,
+                               -1 if t[3] else fcmpl)
         return self._polled_op(st, req, t[2], peers, "send", False)
 
     cdef object _polled_op(self, int st, void *req, object keep, object peers, str what,
@@ -551,6 +596,8 @@ cdef class TagEngine:
         self.c_check(None)
         cdef int st = ucxcomm_tag_recv(self._wh, <void *><uintptr_t>t[0], <size_t>t[1], tag,
                                        mask, &req, &stag, &length)
+        if st == 0:  # (matched a message that was already here; later: _poll_reqs)
+            ucxcomm_count_recv(<ucxcomm_stats_t *>self._stats, stag, length, 1, t[3])
         return self._polled_op(st, req, t[2], peers, "receive", True)
 
     def probe(self, uint64_t tag, uint64_t mask):
@@ -644,6 +691,8 @@ cdef class TagEngine:
             found = self._probe_fresh(tag, mask, &msg, &stag, &nbytes)
             if found and nbytes <= <size_t>view.len:
                 st = ucxcomm_msg_recv(self._wh, view.buf, nbytes, msg, &req, &stag, &nbytes)
+                if st >= 0:
+                    ucxcomm_count_recv(<ucxcomm_stats_t *>self._stats, stag, nbytes, 1, 0)
                 if st == 0:
                     cap = view.len
                     PyBuffer_Release(&view)
@@ -657,8 +706,8 @@ cdef class TagEngine:
         op.posted = post
         if found:
             if st == 0:  # too large: the prefix through scratch memory
-                self._recv_msg(op, msg, stag, nbytes)
-            else:  # started above (or failed)
+                self._recv_msg(op, msg, stag, nbytes, True)
+            else:  # started above, and counted (or failed)
                 op.sender_tag = stag
                 op.length = nbytes
                 self._started(op, st, req)
@@ -702,8 +751,10 @@ cdef class TagEngine:
         completed at once, else its future."""
         cdef void *req = NULL
         self.c_check(speers)
-        cdef int rc = ucxcomm_tag_send(ep, <const void *>ptr, n, stag,
-                                       _fast_send(fast, n), &req)
+        cdef bint fcmpl = _fast_send(fast, n)
+        cdef int rc = ucxcomm_tag_send(ep, <const void *>ptr, n, stag, fcmpl, &req)
+        if rc >= 0:
+            ucxcomm_count_send(<ucxcomm_stats_t *>self._stats, ep, n, fcmpl)
         return self._polled_op(rc, req, keep, speers, "send", False)
 
     cdef object c_post_match(self, Op op, bint spin):
@@ -712,7 +763,7 @@ cdef class TagEngine:
         # prefix), else post it to UCX (which then matches it on arrival, straight into
         # the buffer: no copy out of the unexpected queue, no probing per poll).
         cdef bint free = not self._probes or not self._overlaps(op.tag, op.mask)
-        if free and (self._try_match(op)
+        if free and (self._try_match(op, True)
                      or (spin and not self._probes and self._spin_match(op))):
             return self._matched(op)
         if free and op.posted:
@@ -720,7 +771,8 @@ cdef class TagEngine:
             # here too: a window of Irecvs behind the sender's Isends then finishes at
             # the call, without a future each (1 KiB x 64 window: 0 -> ~60 of 64 found).
             # (Progress resolves no future: pending receives keep their order.)
-            if self._progress_once() and self._try_match(op):
+            # (Such a message counts as unexpected: it arrived before the receive.)
+            if self._progress_once() and self._try_match(op, True):
                 return self._matched(op)
         return self._wait_op(op, free)
 
@@ -788,19 +840,23 @@ cdef class TagEngine:
             op.future = self._create_future()
             self._reqs.append(op)
             return op.future
-        self._finish_posted(op, st, stag, length)
+        self._finish_posted(op, st, stag, length, True)
         if op.future is not None:  # completed with an error
             return op.future
         return self._result(op)
 
-    cdef void _finish_posted(self, Op op, int st, uint64_t stag, size_t length) except *:
+    cdef void _finish_posted(self, Op op, int st, uint64_t stag, size_t length,
+                             bint early) except *:
         # A posted receive's outcome: UCX reports an overflow as an error (the message
         # is consumed, the buffer not written); ucxcomm reports it as a result whose
         # length exceeds the capacity (TruncationError, like a matched probe's).
+        # ``early``: it finished when posted (its message was already here).
         if st >= 0 or st == self._truncated:
             op.sender_tag = stag
             op.length = length if st >= 0 or length > op.cap else op.cap + 1
             st = 0
+            ucxcomm_count_recv(<ucxcomm_stats_t *>self._stats, stag, op.length, early,
+                               op.device)
         self._complete(op, st)
 
     cdef bint _spin_match(self, Op op) except -1:
@@ -819,7 +875,7 @@ cdef class TagEngine:
                     break
                 seen = n
             ucxcomm_progress(self._wh)
-            if self._try_match(op):
+            if self._try_match(op, False):
                 return True
             if self._reqs:
                 self._poll_reqs()  # others' requests complete meanwhile
@@ -846,8 +902,9 @@ cdef class TagEngine:
             return (op.sender_tag, op.length, op.buffer)
         return (op.sender_tag, op.length, op.cap)
 
-    cdef bint _try_match(self, Op op) except -1:
-        """Probe for ``op``; on a match start (or finish) its receive. True if matched."""
+    cdef bint _try_match(self, Op op, bint early) except -1:
+        """Probe for ``op``; on a match start (or finish) its receive. True if matched.
+        ``early``: a match is a message that was there before the receive."""
         cdef void *msg = NULL
         cdef uint64_t stag = 0
         cdef size_t nbytes = 0
@@ -859,17 +916,20 @@ cdef class TagEngine:
             if not op.future.done():
                 op.future.set_result((stag, nbytes))
             return True
-        self._recv_msg(op, msg, stag, nbytes)
+        self._recv_msg(op, msg, stag, nbytes, early)
         return True
 
-    cdef int _recv_msg(self, Op op, void *msg, uint64_t stag, size_t nbytes) except -1:
-        """Start (or finish) ``op``'s receive of probed message ``msg``."""
+    cdef int _recv_msg(self, Op op, void *msg, uint64_t stag, size_t nbytes,
+                       bint early) except -1:
+        """Start (or finish) ``op``'s receive of probed message ``msg`` (counted here,
+        as ``early``: unexpected)."""
         cdef void *req = NULL
         cdef uintptr_t ptr
         cdef int st
         cdef BufRef ref
         op.sender_tag = stag
         op.length = nbytes
+        ucxcomm_count_recv(<ucxcomm_stats_t *>self._stats, stag, nbytes, early, op.device)
         if op.alloc:
             # Small: a bytearray is the cheapest allocation; large: numpy skips zeroing.
             if nbytes < 65536:
@@ -990,7 +1050,7 @@ cdef class TagEngine:
                 st = ucxcomm_test(op.req, 1, &stag, &length)
                 if st == UCXCOMM_INPROGRESS:
                     return False
-                self._finish_posted(op, st, stag, length)
+                self._finish_posted(op, st, stag, length, False)
                 return st == self._canceled
             if (op.future is fut and op.is_recv and not op.has_ptr and not op.alloc
                     and op.req != NULL):
@@ -1015,6 +1075,67 @@ cdef class TagEngine:
         """``(requests in flight, matched-probe receives waiting, abandoned requests
         whose memory is kept)``: for tests and diagnostics."""
         return len(self._reqs), len(self._probes), len(self._graveyard)
+
+    # ------------------------------------------------------------ counters
+    # Every send and received message is counted where the engine posts or matches it
+    # (csrc/stats.c): the peer of a send is its endpoint's, that of a receive is found
+    # from its sender tag (stat_route); ucxcomm.transport.counters reads them.
+    cdef int _stat_slot(self, object label) except -1:
+        """The counter slot of peer ``label`` (made on first use)."""
+        slot = self._stat_slots.get(label)
+        if slot is None:
+            slot = ucxcomm_stats_peer(<ucxcomm_stats_t *>self._stats)
+            if slot < 0:
+                raise MemoryError("no memory for the traffic counters")
+            self._stat_slots[label] = slot
+        return slot
+
+    def stat_link(self, uintptr_t handle, object label, bint fast):
+        """Count sends on endpoint ``handle`` as to peer ``label`` (``fast``: its lanes
+        are fast lanes, which decides the protocol variant of its receives too)."""
+        if ucxcomm_stats_route_ep(<ucxcomm_stats_t *>self._stats, handle,
+                                  self._stat_slot(label), fast) != 0:
+            raise MemoryError("no memory for the traffic counters")
+
+    def stat_rows(self, object label, int variant, list first):
+        """Tally ``label``'s messages of protocol ``variant`` (0: plain, 1: fast
+        completion) by the row of UCX's protocol table holding their size: ``first``,
+        the rows' first sizes, ascending (at most ``STAT_ROWS``)."""
+        cdef size_t sizes[16]
+        cdef Py_ssize_t i, n = len(first)
+        if n > UCXCOMM_STATS_ROWS:
+            raise ValueError(f"at most {UCXCOMM_STATS_ROWS} rows")
+        for i in range(n):
+            sizes[i] = first[i]
+        if ucxcomm_stats_set_rows(<ucxcomm_stats_t *>self._stats, self._stat_slot(label),
+                                  variant, sizes, <unsigned>n) != 0:
+            raise ValueError("bad counter rows")
+
+    def stat_route(self, unsigned shift, object prefixes, object label):
+        """Count received messages whose sender tag ``>> shift`` is one of
+        ``prefixes`` as from peer ``label`` (one ``shift`` per engine)."""
+        cdef int slot = self._stat_slot(label)
+        for prefix in prefixes:
+            if ucxcomm_stats_route_src(<ucxcomm_stats_t *>self._stats, shift, prefix,
+                                       slot) != 0:
+                raise ValueError(f"cannot route sender tags >> {shift} to a counter")
+
+    def stat_tallies(self, object label):
+        """``(sent, received, unexpected)`` of peer ``label`` (None: never counted):
+        ``sent`` and ``received`` list ``(messages, bytes)`` per protocol row, plain
+        variant's ``STAT_ROWS`` rows, then the fast variant's, then the unclassified;
+        ``unexpected``, the receives that found their message already here."""
+        slot = self._stat_slots.get(label) if label is not None else 0
+        if slot is None:
+            return None
+        cdef const ucxcomm_peer_stats_t *p = ucxcomm_stats_get(
+            <ucxcomm_stats_t *>self._stats, slot)
+        cdef int i
+        sent = [(p.sent[i].messages, p.sent[i].bytes)
+                for i in range(UCXCOMM_STATS_UNCLASSIFIED + 1)]
+        recv = [(p.recv[i].messages, p.recv[i].bytes)
+                for i in range(UCXCOMM_STATS_UNCLASSIFIED + 1)]
+        return sent, recv, (p.unexpected.messages, p.unexpected.bytes)
 
     def pending_sends(self, peers):
         """Futures of the sends to ``peers`` still in flight."""
@@ -1060,8 +1181,12 @@ cdef class TagEngine:
             st = ucxcomm_test(op.req, op.is_recv, &stag, &length)
             if st != UCXCOMM_INPROGRESS:
                 if op.posted:
-                    self._finish_posted(op, st, stag, length)
+                    self._finish_posted(op, st, stag, length, False)
                 else:
+                    if op.is_recv and st >= 0 and not (op.has_ptr or op.alloc):
+                        # (a tag_recv; matched-probe receives were counted on match)
+                        ucxcomm_count_recv(<ucxcomm_stats_t *>self._stats, stag, length,
+                                           0, op.device)
                     self._complete(op, st)
                 finished += 1
             elif self._dead and (err := self._dead_error(op.peers)) is not None:
@@ -1092,7 +1217,7 @@ cdef class TagEngine:
                 elif missed and (op.tag, op.mask) in missed and not self._dead:
                     # Nothing arrived since the same criteria missed: skip the probe.
                     keep.append(op)
-                elif self._try_match(op):
+                elif self._try_match(op, False):
                     finished += 1
                     if op.req != NULL:
                         self._reqs.append(op)

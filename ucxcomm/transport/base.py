@@ -282,6 +282,19 @@ class Transport(ABC):
                   grace: float | None = None) -> None:
         """Declare ``peer`` gone: its pending and later operations fail."""
 
+    # ------------------------------------------------------------ counters
+    def count_senders(self, shift: int, prefixes: Iterable[int], peer: Any) -> None:
+        """Count received messages whose sender tag ``>> shift`` is one of
+        ``prefixes`` as from ``peer`` (:meth:`traffic`; the communicator says which
+        tags are whose). Optional."""
+        return None
+
+    def traffic(self, peer: Any) -> dict[str, Any] | None:
+        """Messages and bytes sent to and received from ``peer`` by this process, by
+        protocol and lane (``ucxcomm.transport.counters.Counters.peer``); None when the
+        transport counts nothing. Optional."""
+        return None
+
     # ---------------------------------------------------------- one-sided
     @abstractmethod
     def register(self, buf: Any) -> Region:

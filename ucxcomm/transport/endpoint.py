@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from ..errors import ClosedError, PeerFailure, TruncationError, UcxCommError, copy_of
 from . import _ucx
 from .base import FULL_MASK, Link, Peers, RecvResult, Remote, Target
+from .counters import Counters
 
 __all__ = ["FAST_SEND_TRANSPORTS", "Endpoint"]
 
@@ -32,6 +33,8 @@ class _Owner(Protocol):
     def send(self, ep_handle: int, obj: Any, tag: int, peers: Peers,
              fast: bool = False) -> asyncio.Future | None: ...
     def ep_send(self, ep_handle: int, peers: Peers, fast: bool) -> Any: ...
+    @property
+    def counters(self) -> Counters: ...
     def send_raw(self, ep_handle: int, target: Target, tag: int, peers: Peers,
                  fast: bool = False) -> asyncio.Future | None: ...
     def send_ptr(self, obj: Any) -> Target: ...
@@ -83,6 +86,8 @@ class Endpoint(Link):
         # (Link.sender), whose closed flag this object keeps current.
         self.sender = worker.ep_send(self._handle, self._peers, self._fast)
         self.isend = self.sender.send
+        if peer is not None:  # (its sends count for the peer: Worker.traffic)
+            worker.counters.link(self._handle, peer, self._fast)
 
     def _fast_lanes(self) -> bool:
         """Fast-completion sends when every lane is shared memory or self (see worker)."""

@@ -24,7 +24,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, Generic, TypeVar, overload
 
 from .. import settings
@@ -32,6 +32,7 @@ from ..errors import ClosedError, PeerFailure
 from . import _ucx
 from .base import Link, Peers, RecvResult, Region, Remote, Target, Transport
 from .config import Plan, check_lanes, policy_from, prepare, ucx_has_cuda
+from .counters import Counters
 from .endpoint import Endpoint
 from .progress import Progress
 from .rma import RmaEngines
@@ -210,6 +211,8 @@ class Worker(Transport):
                 setattr(self, name, getattr(eng, name))
         self.wake = self._progress.kick  # type: ignore[method-assign]  # (per message)
         self._progress.add(self)
+        #: Traffic counters per peer (every endpoint with a peer label counts its sends).
+        self.counters = Counters(eng)
         self._rma = RmaEngines(self.options, self._plan.rdma, self._progress, self._loop,
                                eng._dead)
         self.endpoints: list[Endpoint] = []
@@ -419,6 +422,16 @@ class Worker(Transport):
         """The compiled ``isend`` of one endpoint (``_ucp.EpSend``: its ``send(obj,
         tag)`` is :meth:`send` with the endpoint's fields, kept current by it)."""
         return self._eng.ep_send(ep_handle, peers, fast)
+
+    def count_senders(self, shift: int, prefixes: Iterable[int], peer: Any) -> None:
+        """See :meth:`Transport.count_senders <.base.Transport.count_senders>`."""
+        self.counters.route(shift, prefixes, peer)
+
+    def traffic(self, peer: Any) -> dict[str, Any]:
+        """See :meth:`Transport.traffic <.base.Transport.traffic>`."""
+        handle = next((ep.sender.handle for ep in self.endpoints
+                       if ep.peer == peer and not ep.closed), None)
+        return self.counters.peer(peer, handle)
 
     async def settle(self, fut: asyncio.Future) -> None:
         """Return once the UCP request behind ``fut`` has finished (ok, failed or not)."""
