@@ -4,11 +4,13 @@ Run: ``python benchmarks/check_cost.py [ROUNDS] [--sizes 2,4] [--json FILE]``
 
 For each communicator size, ``ucxcomm run -n N`` starts the rank program below with the
 checks on (``1``) and off (``0``), alternated ROUNDS times (default 3, the order flipped
-every round). Each rank times 8 B ``Allreduce`` (the issue's budget: at most 2 % of its
-time), 8 B ``Bcast``, ``Allgather``, ``Alltoall``, ``barrier``, and 64 KiB ``Bcast`` (the
-general form: a round of fingerprints before the data) as the best of 15 batches, every
+every round; ranks bound to cores where there are enough). Each rank times 8 B
+``Allreduce`` (the issue's budget: at most 2 % of its time), 8 B ``Bcast``,
+``Allgather``, ``Alltoall``, ``barrier``, and 64 KiB ``Bcast`` (the general form: a
+round of fingerprints before the data) as the best of 15 batches, every
 batch started together (a barrier); rank 0 prints the slowest rank's best per call. The
-table gives each call's median over the rounds, on and off, and their ratio.
+table gives each call's median and minimum over the rounds, on and off, and their
+ratios.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def _run(n: int, checks: str) -> dict[str, float]:
     env = dict(os.environ, UCXCOMM_CHECK_COLLECTIVES=checks)
     for k in ("UCXCOMM_RANK", "UCXCOMM_SIZE", "UCXCOMM_STORE", "RANK", "WORLD_SIZE"):
         env.pop(k, None)
-    proc = subprocess.run([sys.executable, "-m", "ucxcomm.cli", "run", "-n", str(n),
+    bind = ["--bind-to", "core"] if n <= (os.cpu_count() or 1) else []
+    proc = subprocess.run([sys.executable, "-m", "ucxcomm.cli", "run", "-n", str(n), *bind,
                            "--timeout", "600", sys.executable, __file__, "--rank"],
                           env=env, capture_output=True, text=True, timeout=700, check=False)
     for line in proc.stdout.splitlines():
@@ -99,12 +102,16 @@ def main() -> None:
                 got = _run(n, checks)
                 rows[checks].append(got)
                 lines.append({"ranks": n, "checks": checks, "round": i, **got})
-        print(f"\n{n} ranks, median of {rounds} rounds (us per call; slowest rank's best batch)")
-        print(f"{'call':<14} {'checks on':>10} {'off':>10} {'on/off':>8}")
+        bound = " (ranks bound to cores)" if n <= (os.cpu_count() or 1) else ""
+        print(f"\n{n} ranks{bound}, {rounds} rounds: median (min) in us per call, the "
+              "slowest rank's best batch")
+        print(f"{'call':<14} {'checks on':>16} {'off':>16} {'on/off':>14}")
         for name in CALLS:
-            on = statistics.median(r[name] for r in rows["1"])
-            off = statistics.median(r[name] for r in rows["0"])
-            print(f"{name:<14} {on:>10.2f} {off:>10.2f} {on / off:>8.3f}")
+            on = [r[name] for r in rows["1"]]
+            off = [r[name] for r in rows["0"]]
+            mon, moff = statistics.median(on), statistics.median(off)
+            print(f"{name:<14} {mon:>8.2f} ({min(on):5.2f}) {moff:>8.2f} ({min(off):5.2f}) "
+                  f"{mon / moff:>6.3f} ({min(on) / min(off):.3f})")
     if path:
         with open(path, "w") as f:
             for line in lines:

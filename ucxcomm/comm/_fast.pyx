@@ -220,6 +220,7 @@ cdef int K_RSB = trace.KIND["Reduce_scatter_block"]
 cdef int K_ALLGATHER = trace.KIND["Allgather"]
 cdef int K_ALLTOALL = trace.KIND["Alltoall"]
 cdef int K_BCAST = trace.KIND["Bcast"]
+cdef int K_BARRIER = trace.KIND["barrier"]
 cdef dict _KIND = trace.KIND
 cdef object note_failure = trace.note_failure
 
@@ -956,6 +957,8 @@ cdef class FastCollectives:
         cdef Py_ssize_t nb = sref.view.len
         if k == K_ALLTOALL or k == K_RSB:
             nb //= self.size
+        if k == K_BARRIER:
+            return self._xchg(k, sref, rref, 0, -1, 0, None, 0, -1)
         return self._xchg(k, sref, rref, nb, root, fp_op_code(op) if op is not None else 0,
                           send.dtype, kernel, send.size)
 
@@ -1066,6 +1069,90 @@ cdef class FastCollectives:
         self.stage_ref = None
         return pend
 
+    def check_round(self, bytes fp, seq, what):
+        """The general form's round of fingerprints (``comm/fingerprint.py``) of a call
+        that took sequence number ``seq``: ``fp`` to every other rank, every other
+        rank's first message into scratch; DONE when all equal ``fp``, else a
+        :class:`Pending` (operations to wait for, or fingerprints that differ: its
+        ``finish`` asks ``fingerprint.verdict``)."""
+        cdef Op rop
+        cdef EpSend ep
+        cdef TagEngine eng = self.eng
+        cdef Py_ssize_t i, q, p = self.size, row = self.row, n = len(fp)
+        cdef uintptr_t base
+        if n > row:
+            raise ValueError(f"{what}: a fingerprint of {n} bytes (at most {row})")
+        self.check_open()
+        base = self._stage_base()
+        cdef uintptr_t shared = base + <uintptr_t>(2 * p * row)
+        memcpy(<void *>shared, <const char *>fp, n)
+        cdef uint64_t stag = self.stag0 | <uint64_t>seq
+        sends = None
+        for i in range(p - 1):
+            ep = self.eps[i]
+            sent = eng.c_send_to(ep.handle, shared, <size_t>n, self.stage_ref, stag,
+                                 ep.peers, ep.fast)
+            if sent is not None:
+                if sends is None:
+                    sends = []
+                sends.append(sent)
+        eng.c_check(self.rpeers)
+        recvs = None
+        for i in range(p - 1):
+            q = self.ranks[i]
+            rop = self._recv_op(base + <uintptr_t>(q * row), <size_t>row, self.stage_ref, q,
+                                seq)
+            res = eng.c_post_match(rop, True)
+            if type(res) is tuple:
+                self.lens[q] = <Py_ssize_t>rop.length
+            else:
+                self.lens[q] = -1
+                if recvs is None:
+                    recvs = [None] * p
+                recvs[q] = res
+        if recvs is None and sends is None:
+            if self._same_fp(<char *>base, self.lens, fp):
+                return DONE
+        cdef Pending pend = Pending.__new__(Pending)
+        pend.owner = self
+        pend.sends = [] if sends is None else sends
+        pend.recvs = [None] * p if recvs is None else recvs
+        pend.seq = seq
+        pend.kind = -1
+        pend.what = what
+        pend.fpbytes = fp
+        pend.stage = self.stage
+        pend.stage_ref = self.stage_ref
+        pend.lens = [self.lens[i] for i in range(p)]
+        self.stage = None
+        self.stage_ref = None
+        return pend
+
+    cdef bint _same_fp(self, char *base, Py_ssize_t *lens, bytes fp):
+        cdef Py_ssize_t q, n = len(fp)
+        cdef const char *f = <const char *>fp
+        for q in range(self.size):
+            if q != self.rank and (lens[q] != n or memcmp(base + q * self.row, f, n) != 0):
+                return False
+        return True
+
+    cdef int _verdict(self, char *base, Py_ssize_t *lens, bytes fp, object seq,
+                      object what) except -1:
+        """Fingerprints that differ: what ``fingerprint.verdict`` says of them (it
+        raises, or finds them compatible: per-rank counts)."""
+        cdef Py_ssize_t q, n, row = self.row
+        fps = []
+        for q in range(self.size):
+            if q == self.rank:
+                fps.append(fp)
+            else:
+                n = max(0, min(lens[q], row))
+                fps.append(base[q * row:q * row + n])
+        err = fp_verdict(fps, what, seq)
+        if err is not None:
+            raise err
+        return 0
+
     cdef int _settle(self, int kind, char *base, Py_ssize_t *lens, ucxcomm_fp *fp,
                      BufRef rref, BufRef sref, Py_ssize_t nb, int root, int kernel,
                      object seq) except -1:
@@ -1083,6 +1170,8 @@ cdef class FastCollectives:
         if kind == K_BCAST:
             if me != root:
                 memcpy(out, base + root * row + FP_HDR, nb)
+        elif kind == K_BARRIER:
+            pass
         elif kind == K_ALLGATHER or kind == K_ALLTOALL:
             for q in range(p):
                 if q != me:
@@ -1135,10 +1224,22 @@ cdef class Pending:
     cdef BufRef stage_ref
     cdef BufRef rref
     cdef BufRef sref
+    cdef object what          # a check round's (kind -1): the collective's name
+    cdef bytes fpbytes        # a check round's: this rank's fingerprint
 
     @property
     def kind(self):
-        return trace.KINDS[self.kind]
+        return trace.KINDS[self.kind] if self.kind >= 0 else self.what
+
+    def release(self):
+        """Give the scratch back for the next call (every operation of this one is
+        complete, and the caller is done with the rows)."""
+        o = self.owner
+        if self.stage is not None and o.stage is None:
+            o.stage = self.stage
+            o.stage_ref = self.stage_ref
+        self.stage = None
+        self.stage_ref = None
 
     def finish(self):
         """After every send and receive completed: check every rank's fingerprint, then
@@ -1154,9 +1255,21 @@ cdef class Pending:
             for q in range(p):
                 fut = self.recvs[q]
                 lens[q] = fut.result()[1] if fut is not None else self.lens[q]
-            if o._settle(self.kind, <char *>self.stage_ref.view.buf, lens, &self.fp,
-                         self.rref, self.sref, self.nb, self.root, self.kernel,
-                         self.seq) == 0:
+            try:
+                if self.kind < 0:  # a check round
+                    if not o._same_fp(<char *>self.stage_ref.view.buf, lens, self.fpbytes):
+                        o._verdict(<char *>self.stage_ref.view.buf, lens, self.fpbytes,
+                                   self.seq, self.what)
+                    done = True
+                else:
+                    done = o._settle(self.kind, <char *>self.stage_ref.view.buf, lens,
+                                     &self.fp, self.rref, self.sref, self.nb, self.root,
+                                     self.kernel, self.seq) == 0
+            except BaseException:
+                self.release()
+                raise
+            if done:
+                self.release()
                 return None
         finally:
             PyMem_Free(lens)

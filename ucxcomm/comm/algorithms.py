@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import TruncationError
-from ..tags import FULL_MASK, KIND_COLL, make_tag, split_tag, with_source
+from ..tags import FULL_MASK, KIND_COLL, make_tag, with_source
 from . import fingerprint
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class Chan:
     """
 
     __slots__ = ("_group", "_pool", "_rtag", "_stag", "fp", "rank", "recvs", "scratches",
-                 "sends", "size", "sync", "what", "worker")
+                 "sends", "seq", "size", "sync", "what", "worker")
 
     def __init__(self, group: Group, seq: int, what: str = "collective") -> None:
         self._group = group
@@ -114,6 +114,7 @@ class Chan:
         self.rank, self.size = group.rank, group.size
         self._stag = make_tag(group.cid, KIND_COLL, group.rank, seq)
         self._rtag = make_tag(group.cid, KIND_COLL, 0, seq)
+        self.seq = seq
         self.recvs: list[asyncio.Future] = []
         self.sends: list[asyncio.Future] = []
         self.sync: Callable[[], None] | None = None  # set for GPU buffers
@@ -147,6 +148,7 @@ class Chan:
                 if not isinstance(got[q], tuple):
                     self.recvs.append(got[q])
         fps: list[bytes] = []
+        same = True
         for q in range(size):
             if q == rank:
                 fps.append(fp)
@@ -155,10 +157,13 @@ class Chan:
             if not isinstance(res, tuple):
                 res = await t.complete(res)
             fps.append(rows[q, :min(res[1], cap)].tobytes())
+            same = same and fps[-1] == fp
         await self.waitall(self.sends)
         self.recvs.clear()
         self.sends.clear()
-        bad = fingerprint.verdict(fps, self.what, split_tag(self._rtag)[1])
+        if same and len(fp) == fingerprint.HDR:
+            return  # (every rank made this call: the verdict's rules are for the others)
+        bad = fingerprint.verdict(fps, self.what, self.seq)
         if bad is not None:
             raise bad
 

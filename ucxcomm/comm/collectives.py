@@ -60,6 +60,7 @@ class _InPlace:
 IN_PLACE = _InPlace()
 
 _UNMADE = object()  # Collectives._fast before the first call makes it
+_EMPTY = np.empty(0, np.uint8)  # a barrier's data
 
 _checked_ops: dict[tuple[str, Any], bool] = {}
 _fast_ufuncs: dict[tuple[Op, Any], Any] = {}
@@ -310,14 +311,25 @@ class Collectives:
             ch.sync = stream.synchronize
         return ch
 
-    @staticmethod
-    async def _run(ch: Chan, coro: Awaitable[None]) -> None:
+    async def _check(self, ch: Chan) -> None:
+        """Call ``ch``'s round of fingerprints (the general form of
+        :mod:`ucxcomm.comm.fingerprint`): compiled where this communicator has its
+        compiled collectives, else :meth:`Chan.check`."""
+        assert ch.fp is not None
+        fast = self._fast if self._fast is not _UNMADE else self._make_fast()
+        if fast is None:
+            return await ch.guard(ch.check(ch.fp))
+        res = fast.check_round(ch.fp, ch.seq, ch.what)
+        if res is not DONE:
+            await self._small.settle(res)
+
+    async def _run(self, ch: Chan, coro: Awaitable[None]) -> None:
         if ch.sync is not None:
             ch.sync()  # kernels that produced the inputs have finished
         try:
             if ch.fp is not None:
                 try:
-                    await ch.guard(ch.check(ch.fp))
+                    await self._check(ch)
                 except BaseException:
                     close = getattr(coro, "close", None)
                     if close is not None:
@@ -536,7 +548,7 @@ class Collectives:
         recv_target = transport.recv_ptr(recv)
         send_target = recv_target if send is recv else transport.send_ptr(send)
         if ch.fp is not None:
-            await ch.guard(ch.check(ch.fp))
+            await self._check(ch)
         await ch.guard(alg.allreduce_recursive_doubling(ch, send, send_target, recv,
                                                         recv_target, tmp, tmp_target, ufunc))
         self._rd_scratch = (recv.dtype, recv.shape, tmp, tmp_target)
@@ -1057,6 +1069,9 @@ class Collectives:
 
     def _barrier(self) -> Awaitable[None]:
         # The sequence number is taken now, in call order (ibarrier runs it later).
+        if self._group.check and 2 <= self.size <= SMALL_MAX_RANKS:
+            # (fingerprints from every rank to every rank: that is a barrier; compiled)
+            return self._combined("barrier", _EMPTY, _EMPTY)
         return self._run_barrier(self._next_seq())
 
     async def _run_barrier(self, seq: int) -> None:
@@ -1094,8 +1109,9 @@ class Collectives:
         fingerprints (checks on; :mod:`ucxcomm.comm.fingerprint`)."""
         if self._group.check:
             ch = Chan(self._group, seq, what)
+            ch.fp = fingerprint.make(what, fingerprint.GENERAL, op, root)
             try:
-                await ch.guard(ch.check(fingerprint.make(what, fingerprint.GENERAL, op, root)))
+                await self._check(ch)
             except BaseException:
                 close = getattr(coro, "close", None)
                 if close is not None:

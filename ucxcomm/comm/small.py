@@ -147,6 +147,7 @@ class SmallCollectives:
         rows = pend.finish()
         if rows is not None:
             _fold(ufunc, rows.view(out.dtype), out)
+            pend.release()
 
     def usable(self, nbytes: int) -> bool:
         return 1 < self.size <= SMALL_MAX_RANKS and nbytes <= SMALL_MAX
