@@ -15,39 +15,9 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 
-
-async def _measure() -> None:
-    import numpy as np
-
-    import ucxcomm
-
-    comm = await ucxcomm.init(rank=0, size=1)
-    a, b = np.ones(1), np.empty(1)
-
-    async def pair() -> None:
-        await comm.Send(a, 0, 1)
-        await comm.Recv(b, 0, 1)
-
-    async def posted() -> None:
-        r = comm.Irecv(b, 0, 1)
-        await comm.Send(a, 0, 1)
-        await r
-
-    out = []
-    for fn, n in ((pair, 20000), (posted, 10000)):
-        for _ in range(1000):
-            await fn()
-        best = float("inf")
-        for _ in range(20):
-            t = time.perf_counter()
-            for _ in range(n):
-                await fn()
-            best = min(best, (time.perf_counter() - t) / n)
-        out.append(best * 1e9)
-    print(" ".join(f"{x:.0f}" for x in out))
-    await ucxcomm.finalize()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _selfloop import self_loops
 
 
 def main() -> None:
@@ -73,6 +43,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--child"]:
-        asyncio.run(_measure())
+        asyncio.run(self_loops())
     else:
         main()

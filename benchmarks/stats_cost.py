@@ -29,43 +29,10 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-async def _best(fn, n: int, batches: int = 20) -> float:
-    for _ in range(n // 10):
-        await fn()
-    best = float("inf")
-    for _ in range(batches):
-        t = time.perf_counter()
-        for _ in range(n):
-            await fn()
-        best = min(best, (time.perf_counter() - t) / n)
-    return best * 1e9
-
-
-async def _self_child() -> None:
-    import numpy as np
-
-    import ucxcomm
-
-    comm = await ucxcomm.init(rank=0, size=1)
-    a, b = np.ones(1), np.empty(1)
-
-    async def pair() -> None:
-        await comm.Send(a, 0, 1)
-        await comm.Recv(b, 0, 1)
-
-    async def posted() -> None:
-        r = comm.Irecv(b, 0, 1)
-        await comm.Send(a, 0, 1)
-        await r
-
-    out = [await _best(pair, 20000), await _best(posted, 10000)]
-    print(" ".join(f"{x:.0f}" for x in out))
-    await ucxcomm.finalize()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _selfloop import best, self_loops  # noqa: E402  (benchmarks/ is not a package)
 
 
 async def _allreduce_child() -> None:
@@ -80,7 +47,7 @@ async def _allreduce_child() -> None:
         await comm.Allreduce(a, b)
 
     await comm.barrier()
-    t = await _best(allreduce, 5000)
+    t = await best(allreduce, 5000)
     if comm.rank == 0:
         print(f"{t:.0f}")
     await comm.close()
@@ -198,7 +165,7 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--c"]:
         _count_cost()
     elif sys.argv[1:] == ["--self"]:
-        asyncio.run(_self_child())
+        asyncio.run(self_loops())
     elif sys.argv[1:] == ["--allreduce"]:
         asyncio.run(_allreduce_child())
     else:

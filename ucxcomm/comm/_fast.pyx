@@ -975,7 +975,6 @@ cdef class FastCollectives:
         """Send this rank's fingerprint and data (``comm/fingerprint.py``'s combined
         form) to every other rank, receive every other rank's into scratch rows, check
         them, then copy or fold into ``rref``."""
-        cdef Op rop
         cdef EpSend ep
         cdef TagEngine eng = self.eng
         cdef Py_ssize_t i, q, p = self.size, me = self.rank, row = self.row
@@ -1031,6 +1030,28 @@ cdef class FastCollectives:
             memcpy(<char *>base + me * row + FP_HDR, sbuf, nb)
         elif kind == K_RSB:
             memcpy(<char *>base + me * row + FP_HDR, sbuf + me * nb, nb)
+        recvs = self._recv_rows(base, seq)
+        if recvs is None and sends is None and (kernel != 0 or not (
+                kind == K_ALLREDUCE or kind == K_RSB)):
+            self._settle(kind, <char *>base, self.lens, &self.fp, rref, sref, nb, root,
+                         kernel, seq)
+            return self._done(kind, seq, root if kind == K_BCAST else -2, nb)
+        cdef Pending pend = self._pending(sends, recvs, seq, kind)
+        pend.kernel = kernel
+        pend.root = root
+        pend.nb = nb
+        pend.fp = self.fp
+        pend.rref = rref
+        pend.sref = sref
+        return pend
+
+    cdef object _recv_rows(self, uintptr_t base, object seq):
+        """Receive every other rank's first message of call ``seq`` into its scratch row
+        (``self.lens``: the lengths of those that arrived, -1 for the others); None when
+        all arrived, else the futures (rank order, None where arrived)."""
+        cdef Op rop
+        cdef Py_ssize_t i, q, p = self.size, row = self.row
+        cdef TagEngine eng = self.eng
         eng.c_check(self.rpeers)
         recvs = None
         for i in range(p - 1):
@@ -1045,25 +1066,19 @@ cdef class FastCollectives:
                 if recvs is None:
                     recvs = [None] * p
                 recvs[q] = res
-        if recvs is None and sends is None and (kernel != 0 or not (
-                kind == K_ALLREDUCE or kind == K_RSB)):
-            self._settle(kind, <char *>base, self.lens, &self.fp, rref, sref, nb, root,
-                         kernel, seq)
-            return self._done(kind, seq, root if kind == K_BCAST else -2, nb)
+        return recvs
+
+    cdef Pending _pending(self, object sends, object recvs, object seq, int kind):
+        """The call's operations and scratch, handed to the caller (who finishes it)."""
+        cdef Py_ssize_t i, p = self.size
         cdef Pending pend = Pending.__new__(Pending)
         pend.owner = self
         pend.sends = [] if sends is None else sends
         pend.recvs = [None] * p if recvs is None else recvs
         pend.seq = seq
         pend.kind = kind
-        pend.kernel = kernel
-        pend.root = root
-        pend.nb = nb
-        pend.fp = self.fp
         pend.stage = self.stage
         pend.stage_ref = self.stage_ref
-        pend.rref = rref
-        pend.sref = sref
         pend.lens = [self.lens[i] for i in range(p)]
         self.stage = None  # (the caller finishes with it; operations may still use it)
         self.stage_ref = None
@@ -1075,10 +1090,9 @@ cdef class FastCollectives:
         rank's first message into scratch; DONE when all equal ``fp``, else a
         :class:`Pending` (operations to wait for, or fingerprints that differ: its
         ``finish`` asks ``fingerprint.verdict``)."""
-        cdef Op rop
         cdef EpSend ep
         cdef TagEngine eng = self.eng
-        cdef Py_ssize_t i, q, p = self.size, row = self.row, n = len(fp)
+        cdef Py_ssize_t i, p = self.size, row = self.row, n = len(fp)
         cdef uintptr_t base
         if n > row:
             raise ValueError(f"{what}: a fingerprint of {n} bytes (at most {row})")
@@ -1096,36 +1110,13 @@ cdef class FastCollectives:
                 if sends is None:
                     sends = []
                 sends.append(sent)
-        eng.c_check(self.rpeers)
-        recvs = None
-        for i in range(p - 1):
-            q = self.ranks[i]
-            rop = self._recv_op(base + <uintptr_t>(q * row), <size_t>row, self.stage_ref, q,
-                                seq)
-            res = eng.c_post_match(rop, True)
-            if type(res) is tuple:
-                self.lens[q] = <Py_ssize_t>rop.length
-            else:
-                self.lens[q] = -1
-                if recvs is None:
-                    recvs = [None] * p
-                recvs[q] = res
+        recvs = self._recv_rows(base, seq)
         if recvs is None and sends is None:
             if self._same_fp(<char *>base, self.lens, fp):
                 return DONE
-        cdef Pending pend = Pending.__new__(Pending)
-        pend.owner = self
-        pend.sends = [] if sends is None else sends
-        pend.recvs = [None] * p if recvs is None else recvs
-        pend.seq = seq
-        pend.kind = -1
+        cdef Pending pend = self._pending(sends, recvs, seq, -1)
         pend.what = what
         pend.fpbytes = fp
-        pend.stage = self.stage
-        pend.stage_ref = self.stage_ref
-        pend.lens = [self.lens[i] for i in range(p)]
-        self.stage = None
-        self.stage_ref = None
         return pend
 
     cdef bint _same_fp(self, char *base, Py_ssize_t *lens, bytes fp):
