@@ -1,6 +1,7 @@
 """What collective fingerprints (``UCXCOMM_CHECK_COLLECTIVES``, docs/debugging.md) cost.
 
-Run: ``python benchmarks/check_cost.py [ROUNDS] [--sizes 2,4] [--json FILE]``
+Run: ``python benchmarks/check_cost.py [ROUNDS] [--sizes 2,4] [--calls Allreduce,...]
+[--json FILE]`` (``--calls``: the rows printed, by the call's name).
 
 For each communicator size, ``ucxcomm run -n N`` starts the rank program below with the
 checks on (``1``) and off (``0``), alternated ROUNDS times (default 3, the order flipped
@@ -46,7 +47,10 @@ async def _rank() -> None:
         "Bcast 64KiB": (lambda: comm.Bcast(big, 0), 500),
     }
     out = {}
+    wanted = os.environ.get("CHECK_COST_CALLS", ",".join(CALLS)).split(",")
     for name in CALLS:
+        if name not in wanted:
+            continue
         fn, n = calls[name]
         if p > 2:
             n //= 4
@@ -65,8 +69,8 @@ async def _rank() -> None:
     await comm.close()
 
 
-def _run(n: int, checks: str) -> dict[str, float]:
-    env = dict(os.environ, UCXCOMM_CHECK_COLLECTIVES=checks)
+def _run(n: int, checks: str, calls: list[str]) -> dict[str, float]:
+    env = dict(os.environ, UCXCOMM_CHECK_COLLECTIVES=checks, CHECK_COST_CALLS=",".join(calls))
     for k in ("UCXCOMM_RANK", "UCXCOMM_SIZE", "UCXCOMM_STORE", "RANK", "WORLD_SIZE"):
         env.pop(k, None)
     bind = ["--bind-to", "core"] if n <= (os.cpu_count() or 1) else []
@@ -89,6 +93,11 @@ def main() -> None:
         i = args.index("--sizes")
         sizes = [int(x) for x in args[i + 1].split(",")]
         del args[i:i + 2]
+    calls = list(CALLS)
+    if "--calls" in args:
+        i = args.index("--calls")
+        calls = [c for c in CALLS if c.split()[0] in args[i + 1].split(",")]
+        del args[i:i + 2]
     if "--json" in args:
         i = args.index("--json")
         path = args[i + 1]
@@ -99,14 +108,14 @@ def main() -> None:
         rows: dict[str, list[dict[str, float]]] = {"1": [], "0": []}
         for i in range(rounds):
             for checks in (("1", "0") if i % 2 == 0 else ("0", "1")):
-                got = _run(n, checks)
+                got = _run(n, checks, calls)
                 rows[checks].append(got)
                 lines.append({"ranks": n, "checks": checks, "round": i, **got})
         bound = " (ranks bound to cores)" if n <= (os.cpu_count() or 1) else ""
         print(f"\n{n} ranks{bound}, {rounds} rounds: median (min) in us per call, the "
               "slowest rank's best batch")
         print(f"{'call':<14} {'checks on':>16} {'off':>16} {'on/off':>14}")
-        for name in CALLS:
+        for name in calls:
             on = [r[name] for r in rows["1"]]
             off = [r[name] for r in rows["0"]]
             mon, moff = statistics.median(on), statistics.median(off)

@@ -72,9 +72,25 @@ def test_verdict_on_hostile_messages():
 
 
 def test_capacity_holds_any_first_message():
-    for size in (2, 32, 1000):
+    for size in (2, 32, 33, 1000):
         longest = len(fpm.make("Alltoallv", count=-1, vec=[0] * 2 * size))
-        assert fpm.capacity(size) >= max(longest, fpm.HDR + fpm.SMALL_MAX)
+        assert fpm.capacity(size) >= longest
+        if size <= fpm.SMALL_MAX_RANKS:  # (the combined form: fingerprint and data)
+            assert fpm.capacity(size) >= fpm.HDR + fpm.SMALL_MAX
+    assert fpm.capacity(1000) == fpm.HDR + 16 * 1000  # (not 8 KiB per rank per call)
+
+
+def test_descriptions_are_the_same_on_every_rank():
+    """A user's own op is shown by its code (only the built-in ops by name: every rank
+    can name those); a peer's dtype code is never parsed as a dtype string."""
+    mine = fpm.make("Allreduce", op=ucxcomm.Op("MYOP", lambda a, b: a), dtype=np.float64,
+                    count=2)
+    assert "MYOP" not in fpm.describe(mine) and "op 0x" in fpm.describe(mine)
+    assert "SUM" in fpm.describe(_fp())
+    hostile = bytearray(_fp())
+    for code in (ord(",") << 24 | 5, ord("1") << 24 | 5, 0xFFFFFFFF):
+        hostile[12:16] = code.to_bytes(4, "little")
+        assert "dtype code" in fpm.describe(bytes(hostile))
 
 
 @pytest.mark.parametrize("nranks", [2, 3])

@@ -87,6 +87,15 @@ def _scenarios(comm):
         (np.ones(sum(scounts)), scounts), (vbuf, rcounts), timeout=T),
         ["rank 0 sends 2 elements to rank 1, which expects 3 from it"], vbuf))
 
+    # Alltoallv with the same counts on every rank that still disagree between ranks
+    # (rank p sends q+1 elements to rank q, which expects p+1 from it): every rank's
+    # fingerprint is the same bytes, the verdict's rules between ranks must still run.
+    same = [q + 1 for q in range(p)]
+    sabuf = np.full(sum(same), SENTINEL)
+    out.append(("alltoallv same counts", lambda: comm.Alltoallv(
+        (np.ones(sum(same)), same), (sabuf, same), timeout=T),
+        ["rank 0 sends 2 elements to rank 1, which expects 1 from it"], sabuf))
+
     # Gatherv: rank 1 sends 5 elements where the root expects 4.
     gcounts = [4] * p
     gvbuf = np.full(4 * p, SENTINEL) if r == 0 else None

@@ -49,6 +49,8 @@ HDR = 32
 #: Largest data part of a combined-form message: the small paths' limit per message
 #: (``comm.small.SMALL_MAX``).
 SMALL_MAX = 8192
+#: Largest communicator with the combined form (``comm.small.SMALL_MAX_RANKS``).
+SMALL_MAX_RANKS = 32
 MAGIC = 0xC5
 GENERAL = 1
 COMBINED = 2
@@ -58,12 +60,18 @@ assert _FP.size == HDR
 #: Kinds whose fingerprint carries per-rank counts, and what they mean.
 _VEC_KINDS = frozenset(trace.KIND[k] for k in ("Gatherv", "Scatterv", "Allgatherv",
                                                "Alltoallv", "Reduce_scatter"))
-_OP_NAMES: dict[int, str] = {}
+#: The built-in ops' codes: the only ones every rank can name (another rank's own op or
+#: callable is shown by its code, so that every rank prints the same text).
+_BUILTIN_OPS: dict[int, str] = {}
 
 
 def capacity(size: int) -> int:
     """Bytes a rank's first message of a collective may take on a communicator of
-    ``size`` ranks (any form, any kind: never truncated)."""
+    ``size`` ranks (any form, any kind: never truncated; beyond ``SMALL_MAX_RANKS``
+    every call takes the general form, whose longest fingerprint carries 2 counts per
+    rank)."""
+    if size > SMALL_MAX_RANKS:
+        return HDR + 16 * size
     return HDR + max(SMALL_MAX, 16 * size)
 
 
@@ -75,14 +83,12 @@ def op_code(op: Any) -> int:
     if not isinstance(name, str) or not hasattr(op, "pyfunc"):
         mod = getattr(op, "__module__", "") or ""
         name = f"{mod}.{getattr(op, '__qualname__', type(op).__name__)}"
-    code = zlib.crc32(name.encode()) or 1
-    _OP_NAMES.setdefault(code, name)
-    return code
+    return zlib.crc32(name.encode()) or 1
 
 
 for _op in vars(ops).values():  # (every rank can name the built-in ops it never used)
     if isinstance(_op, ops.Op):
-        op_code(_op)
+        _BUILTIN_OPS[op_code(_op)] = _op.name
 
 
 def dtype_code(dtype: Any) -> int:
@@ -113,9 +119,11 @@ def _dtype_name(code: int) -> str:
     if code == 0:
         return "object"
     kind, size = chr(code >> 24), code & 0xFFFFFF
+    if kind not in "biufcmMOSUV" or not 0 < size <= 1 << 16:
+        return f"dtype code {code:#010x}"  # (a peer's bytes: never parsed as a dtype)
     try:
         return np.dtype(f"{kind}{size}").name
-    except TypeError:
+    except Exception:
         return f"{kind}{size}"
 
 
@@ -134,7 +142,7 @@ def describe(fp: bytes, size: int = 0) -> str:
     if kind in _VEC_KINDS and len(fp) >= HDR + 8:
         args.append(f"counts={_vec(fp)}")
     if op:
-        args.append(_OP_NAMES.get(op, f"op {op:#010x}"))
+        args.append(_BUILTIN_OPS.get(op, f"op {op:#010x}"))
     if kind in trace.ROOTED and root >= 0:
         args.append(f"root={root}")
     if device:

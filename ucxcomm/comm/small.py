@@ -34,7 +34,7 @@ __all__ = ["DONE", "SMALL_MAX", "SMALL_MAX_RANKS", "SmallCollectives", "small_ok
 #: Largest message (bytes, per peer) that takes these paths.
 SMALL_MAX = fingerprint.SMALL_MAX
 #: Largest communicator that takes them (one message per peer per rank).
-SMALL_MAX_RANKS = 32
+SMALL_MAX_RANKS = fingerprint.SMALL_MAX_RANKS
 
 
 class _Done:

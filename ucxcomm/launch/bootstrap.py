@@ -300,10 +300,20 @@ async def _form_world_steps(spec: WorldSpec, deadline: Deadline, config: dict[st
             # rank the same number of times), and the launcher's store outlives worlds.
             # Each value: this rank's host identity, then its worker address.
             gen = _next_generation()
+            # Collective fingerprints on or off: the same on every rank (a rank with them
+            # would wait for a fingerprint another never sends), checked against rank 0.
+            check = b"1" if settings.get("UCXCOMM_CHECK_COLLECTIVES") else b"0"
+            if spec.rank == 0:
+                await client.set(f"w{gen}/check", check, deadline.left())
             await client.set(f"w{gen}/addr/{spec.rank}",
                              pack_address(host_identity(), worker.address), deadline.left())
             entries = [unpack_address(await client.get(f"w{gen}/addr/{r}", deadline.left()))
                        for r in range(spec.size)]
+            if spec.rank != 0 and await client.get(f"w{gen}/check", deadline.left()) != check:
+                raise BootstrapError(
+                    f"UCXCOMM_CHECK_COLLECTIVES is {'on' if check == b'1' else 'off'} on rank "
+                    f"{spec.rank} and {'off' if check == b'1' else 'on'} on rank 0: it must be "
+                    "the same on every rank")
             hosts = [h for h, _ in entries]
             addresses = [a for _, a in entries]
     except BaseException:
