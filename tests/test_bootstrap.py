@@ -106,50 +106,40 @@ def test_pmi_env_with_store_address():
                               "UCXCOMM_STORE": f"127.0.0.1:{port}"})
 
 
-def test_explicit_token_mismatch_is_a_bootstrap_error():
+def _rank_1_fails_init(extra: list[dict[str, str]]) -> str:
+    """Two PMI-style ranks (rank 0 serves the store), ``extra[r]`` added to rank r's
+    environment: rank 1's stderr, once it exited with an error."""
     port = free_port()
     procs = []
-    for r, token in ((0, "right"), (1, "wrong")):
+    for r in range(2):
         env = clean_env()
-        env.update({"PMI_RANK": str(r), "PMI_SIZE": "2", "UCXCOMM_TOKEN": token,
-                    "UCXCOMM_STORE": f"127.0.0.1:{port}", "UCXCOMM_TIMEOUT": "20"})
+        env.update({"PMI_RANK": str(r), "PMI_SIZE": "2", "UCXCOMM_TOKEN": "t",
+                    "UCXCOMM_STORE": f"127.0.0.1:{port}", "UCXCOMM_TIMEOUT": "20", **extra[r]})
         procs.append(subprocess.Popen([sys.executable, PROG], env=env, cwd=ROOT,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     try:
         _out1, err1 = procs[1].communicate(timeout=60)
-        assert procs[1].returncode != 0
-        assert "BootstrapError" in err1 and "refused" in err1, err1[-3000:]
+        assert procs[1].returncode != 0, err1[-3000:]
+        return err1
     finally:
         for p in procs:
             p.kill()
             p.communicate()
+
+
+def test_explicit_token_mismatch_is_a_bootstrap_error():
+    err1 = _rank_1_fails_init([{"UCXCOMM_TOKEN": "right"}, {"UCXCOMM_TOKEN": "wrong"}])
+    assert "BootstrapError" in err1 and "refused" in err1, err1[-3000:]
 
 
 def test_collective_checks_must_match_rank_0():
     """Issue 31: UCXCOMM_CHECK_COLLECTIVES off on rank 1, on (the default) on rank 0: rank
     1's init raises BootstrapError naming the setting (a mix would wait forever in the
     first collective whose fingerprint one side never sends)."""
-    port = free_port()
-    procs = []
-    for r in range(2):
-        env = clean_env()
-        env.update({"PMI_RANK": str(r), "PMI_SIZE": "2", "UCXCOMM_TOKEN": "t",
-                    "UCXCOMM_STORE": f"127.0.0.1:{port}", "UCXCOMM_TIMEOUT": "20"})
-        if r == 1:
-            env["UCXCOMM_CHECK_COLLECTIVES"] = "0"
-        procs.append(subprocess.Popen([sys.executable, PROG], env=env, cwd=ROOT,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
-    try:
-        _out1, err1 = procs[1].communicate(timeout=60)
-        assert procs[1].returncode != 0
-        assert "BootstrapError" in err1 and "UCXCOMM_CHECK_COLLECTIVES is off on rank 1 and on " \
-            "on rank 0" in err1, err1[-3000:]
-    finally:
-        for p in procs:
-            p.kill()
-            p.communicate()
+    err1 = _rank_1_fails_init([{}, {"UCXCOMM_CHECK_COLLECTIVES": "0"}])
+    assert "BootstrapError" in err1 and ("UCXCOMM_CHECK_COLLECTIVES is off on rank 1 and on "
+                                         "on rank 0") in err1, err1[-3000:]
 
 
 def test_singleton_without_launcher():
