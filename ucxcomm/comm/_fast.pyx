@@ -944,10 +944,11 @@ cdef class FastCollectives:
                           dt, self.last_kind if kind == K_ALLREDUCE or kind == K_RSB else 0,
                           send.size)
 
-    def exchange(self, kind, send, recv, int root, op, int kernel):
+    def exchange(self, kind, send, recv, int root, op):
         """The checked exchange of collective ``kind`` (a name of ``trace.KIND``) on
         flat host arrays the caller checked (``send`` may be ``recv``): DONE, or a
-        :class:`Pending` (``kernel`` 0: a reduction the caller folds)."""
+        :class:`Pending` (a reduction ``op`` without a compiled kernel: the caller
+        folds)."""
         cdef int k = _KIND[kind]
         cdef BufRef sref = self._view(send, PyBUF_SIMPLE)
         cdef BufRef rref = self._view(recv, PyBUF_WRITABLE) if (k != K_BCAST
@@ -959,6 +960,7 @@ cdef class FastCollectives:
             nb //= self.size
         if k == K_BARRIER:
             return self._xchg(k, sref, rref, 0, -1, 0, None, 0, -1)
+        cdef int kernel = self._kernel(op, send.dtype) if op is not None else 0
         return self._xchg(k, sref, rref, nb, root, fp_op_code(op) if op is not None else 0,
                           send.dtype, kernel, send.size)
 

@@ -287,12 +287,7 @@ class Collectives:
         if fast is None:
             self._check_open()
             raise UcxCommError(f"{what}: no compiled collectives for this communicator")
-        kernel = 0
-        if op is not None:
-            from ._fast import native_kernel
-
-            kernel = native_kernel(op, send.dtype)[0]
-        res = fast.exchange(what, send, recv, root, op, kernel)
+        res = fast.exchange(what, send, recv, root, op)
         if res is DONE:
             return DONE
         return self._small.settle(res, ufunc, out)
