@@ -3,15 +3,20 @@
 Run: ``python benchmarks/check_cost.py [ROUNDS] [--sizes 2,4] [--calls Allreduce,...]
 [--json FILE]`` (``--calls``: the rows printed, by the call's name).
 
-For each communicator size, ``ucxcomm run -n N`` starts the rank program below with the
-checks on (``1``) and off (``0``), alternated ROUNDS times (default 3, the order flipped
-every round; ranks bound to cores where there are enough). Each rank times 8 B
-``Allreduce`` (the issue's budget: at most 2 % of its time), 8 B ``Bcast``,
-``Allgather``, ``Alltoall``, ``barrier``, and 64 KiB ``Bcast`` (the general form: a
-round of fingerprints before the data) as the best of 15 batches, every
-batch started together (a barrier); rank 0 prints the slowest rank's best per call. The
-table gives each call's median and minimum over the rounds, on and off, and their
-ratios.
+For each communicator size, ``ucxcomm run -n N`` starts the rank program below ROUNDS
+times (default 3; ranks bound to cores where there are enough). Each job holds two
+communicators over the same ranks, one with the checks on and one with them off (the
+second made by ``dup`` while the world's setting is flipped on every rank at once: a
+benchmark-only switch, the same on every rank, so both forms are legal), and times every
+call on both, batch by batch alternated (on, off, off, on, ...): the two differ only in the
+check, not in the process, its placement or its memory layout, which moved the figures
+of separate jobs by more than the 2 % budget. Calls: 8 B ``Allreduce`` (the issue's
+budget: at most 2 % of its time), 8 B ``Bcast``, ``Allgather``, ``Alltoall``,
+``barrier``, and 64 KiB ``Bcast`` (the general form: a round of fingerprints before the
+data); each as the best of 15 batches per communicator, every batch started together
+(a barrier); rank 0 prints the slowest rank's best per call and form. The table gives
+each call's median and minimum over the jobs, on and off, and the median of the jobs'
+on/off ratios.
 """
 
 from __future__ import annotations
@@ -33,44 +38,59 @@ async def _rank() -> None:
     import ucxcomm
 
     comm = await ucxcomm.init()
+    world = comm._group.world
+    flag = world.check_collectives
+    world.check_collectives = not flag
+    other = await comm.dup()
+    world.check_collectives = flag
+    comms = {"1": comm, "0": other} if flag else {"1": other, "0": comm}
     p = comm.size
     a, b = np.ones(1), np.empty(1)
     g = np.empty(p)
     s, t = np.ones(p), np.empty(p)
     big = np.ones(8192)
-    calls = {
-        "Allreduce 8B": (lambda: comm.Allreduce(a, b), 4000),
-        "Bcast 8B": (lambda: comm.Bcast(b, 0), 4000),
-        "Allgather 8B": (lambda: comm.Allgather(a, g), 4000),
-        "Alltoall 8B": (lambda: comm.Alltoall(s, t), 4000),
-        "barrier": (lambda: comm.barrier(), 4000),
-        "Bcast 64KiB": (lambda: comm.Bcast(big, 0), 500),
-    }
-    out = {}
+
+    def calls(c):
+        return {
+            "Allreduce 8B": (lambda: c.Allreduce(a, b), 4000),
+            "Bcast 8B": (lambda: c.Bcast(b, 0), 4000),
+            "Allgather 8B": (lambda: c.Allgather(a, g), 4000),
+            "Alltoall 8B": (lambda: c.Alltoall(s, t), 4000),
+            "barrier": (lambda: c.barrier(), 4000),
+            "Bcast 64KiB": (lambda: c.Bcast(big, 0), 500),
+        }
+
+    table = {k: calls(c) for k, c in comms.items()}
+    out: dict[str, float] = {}
     wanted = os.environ.get("CHECK_COST_CALLS", ",".join(CALLS)).split(",")
     for name in CALLS:
         if name not in wanted:
             continue
-        fn, n = calls[name]
-        if p > 2:
-            n //= 4
-        for _ in range(n // 4):
-            await fn()
-        best = float("inf")
-        for _ in range(15):
+        best = {"1": float("inf"), "0": float("inf")}
+        for k in ("1", "0"):
+            fn, n = table[k][name]
+            for _ in range((n // 4) // (4 if p > 2 else 1)):
+                await fn()
+        for i in range(30):
+            k = "10"[(i + i // 2) % 2]      # on, off, off, on, on, off, ...
+            fn, n = table[k][name]
+            if p > 2:
+                n //= 4
             await comm.barrier()
             t0 = time.perf_counter()
             for _ in range(n):
                 await fn()
-            best = min(best, (time.perf_counter() - t0) / n)
-        out[name] = max(await comm.allgather(best)) * 1e6
+            best[k] = min(best[k], (time.perf_counter() - t0) / n)
+        for k in ("1", "0"):
+            out[f"{name}|{k}"] = max(await comm.allgather(best[k])) * 1e6
     if comm.rank == 0:
         print("RESULT " + json.dumps(out), flush=True)
+    await other.close()
     await comm.close()
 
 
-def _run(n: int, checks: str, calls: list[str]) -> dict[str, float]:
-    env = dict(os.environ, UCXCOMM_CHECK_COLLECTIVES=checks, CHECK_COST_CALLS=",".join(calls))
+def _run(n: int, calls: list[str]) -> dict[str, float]:
+    env = dict(os.environ, CHECK_COST_CALLS=",".join(calls))
     for k in ("UCXCOMM_RANK", "UCXCOMM_SIZE", "UCXCOMM_STORE", "RANK", "WORLD_SIZE"):
         env.pop(k, None)
     bind = ["--bind-to", "core"] if n <= (os.cpu_count() or 1) else []
@@ -105,22 +125,22 @@ def main() -> None:
     rounds = int(args[0]) if args else 3
     lines = []
     for n in sizes:
-        rows: dict[str, list[dict[str, float]]] = {"1": [], "0": []}
+        jobs = []
         for i in range(rounds):
-            for checks in (("1", "0") if i % 2 == 0 else ("0", "1")):
-                got = _run(n, checks, calls)
-                rows[checks].append(got)
-                lines.append({"ranks": n, "checks": checks, "round": i, **got})
+            got = _run(n, calls)
+            jobs.append(got)
+            lines.append({"ranks": n, "round": i, **got})
         bound = " (ranks bound to cores)" if n <= (os.cpu_count() or 1) else ""
-        print(f"\n{n} ranks{bound}, {rounds} rounds: median (min) in us per call, the "
-              "slowest rank's best batch")
-        print(f"{'call':<14} {'checks on':>16} {'off':>16} {'on/off':>14}")
+        print(f"\n{n} ranks{bound}, {rounds} jobs: median (min) in us per call, the "
+              "slowest rank's best batch; on/off: median (min, max) of the jobs' ratios")
+        print(f"{'call':<14} {'checks on':>16} {'off':>16} {'on/off':>22}")
         for name in calls:
-            on = [r[name] for r in rows["1"]]
-            off = [r[name] for r in rows["0"]]
-            mon, moff = statistics.median(on), statistics.median(off)
-            print(f"{name:<14} {mon:>8.2f} ({min(on):5.2f}) {moff:>8.2f} ({min(off):5.2f}) "
-                  f"{mon / moff:>6.3f} ({min(on) / min(off):.3f})")
+            on = [r[f"{name}|1"] for r in jobs]
+            off = [r[f"{name}|0"] for r in jobs]
+            ratio = [x / y for x, y in zip(on, off, strict=True)]
+            print(f"{name:<14} {statistics.median(on):>8.2f} ({min(on):5.2f}) "
+                  f"{statistics.median(off):>8.2f} ({min(off):5.2f}) "
+                  f"{statistics.median(ratio):>8.3f} ({min(ratio):.3f}, {max(ratio):.3f})")
     if path:
         with open(path, "w") as f:
             for line in lines:

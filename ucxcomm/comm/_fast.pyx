@@ -565,6 +565,7 @@ cdef class FastCollectives:
     cdef uint32_t sum_code
     cdef object code_dt       # the dtype whose code is code_dt_val
     cdef uint32_t code_dt_val
+    cdef Py_ssize_t code_dt_isz  # its itemsize
     cdef Py_ssize_t *lens     # each rank's message length in the current call
 
     def __init__(self, group):
@@ -902,11 +903,13 @@ cdef class FastCollectives:
         elif type(send) is not ndarray:
             return None
         dt = recv.dtype
-        if send.dtype is not dt or not self._plain(dt):
+        if send.dtype is not dt:
             return None
         if kind == K_ALLREDUCE or kind == K_RSB:
-            if self._kernel(op, dt) == 0:
+            if self._kernel(op, dt) == 0:  # (a kernel's dtype is plain)
                 return None
+        elif not self._plain(dt):
+            return None
         if kind == K_BCAST:
             if type(root) is not int or not 0 <= root < self.size:
                 return None
@@ -942,7 +945,7 @@ cdef class FastCollectives:
         return self._xchg(kind, sref, rref, nb, -1 if kind != K_BCAST else root,
                           self.sum_code if kind == K_ALLREDUCE or kind == K_RSB else 0,
                           dt, self.last_kind if kind == K_ALLREDUCE or kind == K_RSB else 0,
-                          send.size)
+                          -2)
 
     def exchange(self, kind, send, recv, int root, op):
         """The checked exchange of collective ``kind`` (a name of ``trace.KIND``) on
@@ -986,7 +989,10 @@ cdef class FastCollectives:
         cdef bint split = kind == K_ALLTOALL or kind == K_RSB
         if dt is not self.code_dt:
             self.code_dt_val = fp_dtype_code(dt)
+            self.code_dt_isz = dt.itemsize if dt is not None else 1
             self.code_dt = dt
+        if count == -2:  # the send buffer's elements
+            count = sref.view.len // self.code_dt_isz
         self.check_open()
         seq = self.next_seq()
         base = self._stage_base()
