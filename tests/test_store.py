@@ -279,3 +279,116 @@ async def test_handler_cancelled_while_a_connection_closes_ends_quietly(server):
     await asyncio.wait_for(asyncio.wait([task]), 10)
     assert not task.cancelled()
     assert task.exception() is None
+
+
+# ------------------------------------------------------------ elastic requests
+async def _joined(server, *ranks):
+    out = []
+    for r in ranks:
+        c = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+        await c.join(r)
+        out.append(c)
+    return out
+
+
+async def test_decide_answers_every_member_the_same(server):
+    a, b, c = await _joined(server, 0, 1, 2)
+    got = await asyncio.gather(*(x.decide("k", [0, 1, 2], v, 10)
+                                 for x, v in ((a, "x"), (b, "y"), (c, "z"))))
+    assert got == [({0: "x", 1: "y", 2: "z"}, [])] * 3
+    assert not server._decisions  # (answered: nothing kept)
+    for x in (a, b, c):
+        await x.close()
+
+
+async def test_decide_ends_when_a_member_dies_before_or_during_it(server):
+    a, b, c, d = await _joined(server, 0, 1, 2, 3)
+    d._writer.transport.abort()  # rank 3 died before the decision
+    waiting = [asyncio.ensure_future(x.decide("k", [0, 1, 2, 3], str(i), 10))
+               for i, x in enumerate((a, b))]
+    await asyncio.sleep(0)  # (an order, not a wait: the two requests go out first)
+    assert not any(w.done() for w in waiting)
+    c._writer.transport.abort()  # rank 2 dies while 0 and 1 wait in it
+    got = await asyncio.wait_for(asyncio.gather(*waiting), 10)
+    assert got == [({0: "0", 1: "1"}, [2, 3])] * 2
+    await a.close()
+    await b.close()
+
+
+async def test_decide_refuses_strangers_and_inconsistent_calls(server):
+    a, b = await _joined(server, 0, 1)
+    outsider = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    with pytest.raises(BootstrapError, match="only a joined rank"):
+        await outsider.decide("k", [0, 1], "v", 10)  # never joined
+    with pytest.raises(BootstrapError, match="only a joined rank"):
+        await a.decide("k", [1, 2], "v", 10)  # not a member
+    first = asyncio.ensure_future(a.decide("k", [0, 1], "v", 10))
+    await asyncio.sleep(0)  # (an order, not a wait: the task writes its request first)
+    with pytest.raises(BootstrapError, match="members differ"):
+        await b.decide("k", [0, 1, 2], "v", 10)
+    with pytest.raises(BootstrapError, match="taken part already"):
+        await a.decide("k", [0, 1], "v", 10)
+    assert await b.decide("k", [0, 1], "w", 10) == ({0: "v", 1: "w"}, [])
+    assert await first == ({0: "v", 1: "w"}, [])
+    for x in (a, b, outsider):
+        await x.close()
+
+
+@pytest.mark.parametrize("msg", [
+    {"op": "decide", "key": "k", "members": [0, "1"], "value": "v"},
+    {"op": "decide", "key": "k", "members": [0, -1], "value": "v"},
+    {"op": "decide", "key": "k" * 300, "members": [0], "value": "v"},
+    {"op": "decide", "key": "k", "members": [0], "value": "v" * 2000},
+    {"op": "decide", "key": "k", "members": 0, "value": "v"},
+    {"op": "notify", "to": [1], "value": "v" * 2000},
+    {"op": "notify", "to": ["x"], "value": "v"},
+])
+async def test_hostile_elastic_requests_are_dropped(server, msg):
+    (a,) = await _joined(server, 5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(_frame({"op": "auth", "token": TOKEN}))
+    writer.write(_frame({"op": "join", "rank": 0, "id": 1}))
+    writer.write(_frame(dict(msg, id=2)))
+    await writer.drain()
+    assert await _closed_by_server(reader, 5)
+    writer.close()
+    assert not server._decisions
+    assert await a.add("still", 1) == 1  # the store still serves
+    await a.close()
+
+
+async def test_open_decisions_are_bounded(server, monkeypatch):
+    from ucxcomm.launch import store
+
+    monkeypatch.setattr(store, "MAX_OPEN_DECISIONS", 3)
+    (a,) = await _joined(server, 0)
+    waits = [asyncio.ensure_future(a.decide(f"k{i}", [0, 1], "v", 10)) for i in range(3)]
+    await asyncio.sleep(0)  # (an order, not a wait: the tasks write their requests first)
+    with pytest.raises(BootstrapError, match="3 decisions are open"):
+        await a.decide("k3", [0, 1], "v", 10)
+    for w in waits:
+        w.cancel()
+    await a.close()
+
+
+async def test_notices_reach_the_named_joined_ranks_only(server):
+    a, b, c = await _joined(server, 0, 1, 2)
+    got: dict[int, list] = {1: [], 2: []}
+    arrived = asyncio.get_running_loop().create_future()
+
+    def on(rank):
+        def f(sender, value):
+            got[rank].append((sender, value))
+            if rank == 1 and not arrived.done():
+                arrived.set_result(None)
+        return f
+
+    b.on_notice, c.on_notice = on(1), on(2)
+    outsider = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    outsider.notify([1, 2], "from nobody")  # not joined: dropped, and so is the client
+    a.notify([1], "revoke 3 abc")
+    await asyncio.wait_for(arrived, 10)
+    assert await c.add("sync", 1) == 1  # (c's connection has read what came before)
+    assert got == {1: [(0, "revoke 3 abc")], 2: []}
+    for x in (a, b, c, outsider):
+        await x.close()

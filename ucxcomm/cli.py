@@ -209,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--bind-to", choices=["none", "core"], default="none", dest="bind",
                      help="core: rank r runs only on the r-th CPU this launcher may use "
                      "(round robin when ranks outnumber them); default none")
+    run.add_argument("--elastic", action="store_true",
+                     help="a rank's failure does not end the job: the others go on "
+                     "(Comm.shrink); the exit code is the survivors' (docs/elastic.md)")
     run.add_argument("prog", nargs=argparse.REMAINDER, help="program and its arguments")
     status = sub.add_parser(
         "status", help="what each rank of this host's running jobs waits in, for how long, "
@@ -245,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not prog:
             parser.error("no program given")
         return run_job(args.n, prog, tag_output=args.tag_output, timeout=args.timeout,
-                       bind=args.bind)
+                       bind=args.bind, elastic=args.elastic)
     if args.cmd == "status":
         return _status(args.json, args.job, args.all_jobs, args.last, args.store, args.token)
     if args.cmd == "info":

@@ -13,6 +13,7 @@ __all__ = [
     "CommTimeoutError",
     "PeerFailure",
     "ProtocolError",
+    "Revoked",
     "TruncationError",
     "UcxCommError",
     "UnsupportedError",
@@ -63,6 +64,12 @@ def copy_of(exc: PeerFailure) -> PeerFailure:
     by every later call is raised as a copy (an instance raised again and again holds
     every frame it passed through, and what they reference)."""
     return type(exc)(str(exc), peer=exc.peer)
+
+
+class Revoked(UcxCommError):
+    """The communicator was revoked (``Comm.revoke``, by this or any other member): its
+    pending and later operations raise this; ``agree``, ``shrink`` and ``close`` still
+    work on it (docs/elastic.md)."""
 
 
 class CommTimeoutError(UcxCommError, TimeoutError):

@@ -33,6 +33,7 @@ __all__ = [
     "MAX_RANKS",
     "TAG_UB",
     "conn_tag",
+    "context_of",
     "make_mask",
     "make_tag",
     "sender_prefixes",
@@ -94,6 +95,13 @@ def sender_prefixes(cid: int, source: int) -> list[int]:
     a received message is."""
     return [(((cid << 2) | kind) << SRC_BITS) | source
             for kind in (KIND_P2P, KIND_COLL, KIND_FRAMES)]
+
+
+def context_of(cid: int) -> tuple[int, int]:
+    """``(value, mask)``: the bits every tag of communicator ``cid`` holds (all its
+    contexts), and the mask that selects them."""
+    shift = _CTX_SHIFT + 2
+    return cid << shift, MAX_CID << shift
 
 
 def split_tag(value: int) -> tuple[int, int]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import settings
@@ -23,6 +24,7 @@ from ..errors import (
     CollectiveMismatch,
     CommTimeoutError,
     PeerFailure,
+    Revoked,
     TruncationError,
 )
 from ..tags import (
@@ -32,7 +34,7 @@ from ..tags import (
     TAG_UB,
     split_tag,
 )
-from . import trace
+from . import elastic, trace
 from .algorithms import ScratchPool
 from .collectives import Collectives
 from .group import Group, check_int
@@ -92,6 +94,15 @@ class World:
         #: Called with the rank (on the event loop) when a peer is declared dead, after
         #: its operations were failed (ucxcomm.torch fails its whole group's collectives).
         self.failure_listeners: list[Callable[[int], None]] = []
+        #: World ranks known dead, and why (``Comm.failed``, ``Comm.events``).
+        self.dead: set[int] = set()
+        self.dead_reason: dict[int, str] = {}
+        #: This process's communicators (a revocation names one by context id).
+        self.groups: weakref.WeakSet[Group] = weakref.WeakSet()
+        #: The bootstrap store's client (``launch/store.py``: its liveness watch, the
+        #: coordinator of ``agree``/``shrink``, the relay of revocations); None in a
+        #: world of one process.
+        self.store: Any = None
         self.pool = FramePool()
         self.scratch = ScratchPool()
         #: This process's flight recorder (``comm/trace.py``), shared by its communicators.
@@ -122,15 +133,18 @@ class World:
         """Called when the bootstrap store reports that ``world_rank`` died (``quiet``:
         its process was ending without closing, so its own output says why; what waits
         on it still fails, without a warning here)."""
-        if world_rank == self.rank or self.closed:
+        if world_rank == self.rank or self.closed or world_rank in self.dead:
             return
         if quiet:
             log.info("rank %d: peer rank %d exited without closing", self.rank, world_rank)
         else:
             log.warning("rank %d: peer rank %d died or left without closing", self.rank,
                         world_rank)
-        self.worker.fail_peer(world_rank, PeerFailure(
-            f"rank {world_rank} died or left the job without closing", peer=world_rank))
+        reason = f"rank {world_rank} died or left the job without closing"
+        self.dead.add(world_rank)
+        self.dead_reason[world_rank] = reason
+        self.worker.fail_peer(world_rank, PeerFailure(reason, peer=world_rank))
+        elastic.publish(self, world_rank, reason)
         for listener in list(self.failure_listeners):
             listener(world_rank)
 
@@ -296,7 +310,7 @@ class Comm(Collectives):
     # ------------------------------------------------------- buffer messages
     def _post_send(self, buf: Any, dest: Any, tag: Any) -> Any:
         if self._group.closed or self._world.closed:
-            raise ClosedError(f"{self!r} is closed")
+            self._group.check_open()  # (ClosedError, or Revoked)
         if type(dest) is not int or not 0 <= dest < self.size:
             dest = self._check_peer(dest, "dest")
         if type(tag) is not int or not 0 <= tag <= TAG_UB:
@@ -633,6 +647,73 @@ class Comm(Collectives):
         assert sub is not None
         return sub
 
+    # ------------------------------------------------------ elastic membership
+    def failed(self) -> frozenset[int]:
+        """The ranks of this communicator that this process knows are dead (local: no
+        communication; ``agree`` gives every member the same set)."""
+        dead = self._world.dead
+        return frozenset(r for r, m in enumerate(self._group.members) if m in dead)
+
+    def revoke(self) -> None:
+        """Revoke the communicator, on every member: their pending and later operations
+        on it (point-to-point, collectives, requests, windows made from it) raise
+        :class:`~ucxcomm.Revoked` soon after. Local: returns at once. Other
+        communicators are untouched; revoking again does nothing. ``agree``, ``shrink``
+        and ``close`` still work on a revoked communicator (docs/elastic.md).
+
+        Raises
+        ------
+        ClosedError
+            This process closed the communicator.
+        """
+        elastic.revoke(self)
+
+    @property
+    def revoked(self) -> bool:
+        """Whether the communicator was revoked (by any member)."""
+        return self._group.revoked is not None
+
+    async def agree(self, flag: bool = True, *, timeout: float | None = None
+                    ) -> tuple[bool, frozenset[int]]:
+        """Fault-tolerant agreement among the live members: ``(ok, failed)``, where
+        ``ok`` is the AND of the live members' ``flag`` and ``failed`` the ranks gone
+        when it was decided, the same on every member that returns. Collective over the
+        live members; ends whatever the timing of deaths (members dying during it
+        included); works on a revoked communicator.
+
+        Raises
+        ------
+        TypeError
+            ``flag`` is not a bool.
+        ClosedError
+            This process closed the communicator.
+        CommTimeoutError
+            Not every live member took part within ``timeout`` seconds.
+        PeerFailure
+            The bootstrap store, which coordinates the agreement, is gone.
+        """
+        return await elastic.agree(self, flag, timeout)
+
+    async def shrink(self, *, timeout: float | None = None) -> Comm:
+        """A communicator of the surviving members, ranks in their old order, with a
+        fresh message space (collective over the live members, as :meth:`agree`; works
+        on revoked and failed communicators). Survivors keep their endpoints (shared
+        memory and CMA lanes included): nothing reconnects.
+
+        Raises
+        ------
+        ClosedError, CommTimeoutError, PeerFailure
+            As for :meth:`agree`.
+        """
+        return await elastic.shrink(self, timeout)
+
+    def events(self) -> AsyncIterator[elastic.PeerFailed | elastic.PeerJoined]:
+        """``async for event in comm.events()``: :class:`ucxcomm.PeerFailed` ``(rank,
+        reason)`` for each member that dies (those known dead already come first) and
+        :class:`ucxcomm.PeerJoined` ``(rank)``, as they happen; ends when the
+        communicator is closed. Each call is an iterator of its own."""
+        return elastic.events(self)
+
     # --------------------------------------------------------------- info/close
     def transport_info(self) -> dict[int, list[tuple[str, str]]]:
         """The UCX (transport, device) lanes to each peer rank of this communicator."""
@@ -641,7 +722,8 @@ class Comm(Collectives):
 
     @property
     def closed(self) -> bool:
-        return self._group.closed or self._world.closed
+        """Whether this process closed the communicator (or the world)."""
+        return self._group.shut or self._world.closed
 
     async def close(self, *, timeout: float | None = 60.0) -> None:
         """Collective: wait for every rank, then release. Closing the world communicator
@@ -649,23 +731,30 @@ class Comm(Collectives):
         """
         if self.closed:
             return
+        g = self._group
         try:
-            if self._group.out_of_step is not None:
-                raise CommTimeoutError(self._group.out_of_step)
-            await self.barrier(timeout=timeout)
-        except (PeerFailure, CommTimeoutError, CollectiveMismatch) as exc:
+            if g.out_of_step is not None:
+                raise CommTimeoutError(g.out_of_step)
+            if g.revoked is None and not self.failed():
+                await self.barrier(timeout=timeout)
+        except (PeerFailure, CommTimeoutError, CollectiveMismatch, Revoked) as exc:
             # (a mismatch: a rank gave up on a collective the others never joined)
             log.warning("close: not every rank reached close (%s); closing anyway", exc)
         finally:
-            self._group.closed = True
-            if self._group.cid == 0:
+            self._shut()
+            if g.cid == 0:
                 await self._world.close()
 
     def abort(self) -> None:
         """Close at once, without waiting for other ranks (safe in ``finally``)."""
-        self._group.closed = True
+        self._shut()
         if self._group.cid == 0:
             self._world.abort()
+
+    def _shut(self) -> None:
+        g = self._group
+        g.closed = g.shut = True
+        elastic.end_events(g)
 
     async def __aenter__(self) -> Comm:
         return self

@@ -16,7 +16,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .._serialize import FRAMED, Header, loads_inline, recv_object, send_encoded, send_object
-from ..errors import ClosedError, UcxCommError
+from ..errors import ClosedError, Revoked, UcxCommError
 from ..tags import (
     ANY_SOURCE,
     ANY_TAG,
@@ -79,8 +79,19 @@ class Group:
     frame_seq : list of int
         Next payload-frame sequence number towards each rank.
     closed : bool
-        Set when the communicator is closed (the world closing counts too, see
-        :meth:`check_open`).
+        Set when the communicator takes no further operation: closed by this process
+        (``shut``), or revoked (``revoked``); the world closing counts too (see
+        :meth:`check_open`). The hot paths test this one flag.
+    shut : bool
+        Set when this process closed (or aborted) the communicator.
+    revoked : str or None
+        Why the communicator was revoked (``Comm.revoke``, by any member), else None:
+        its operations then raise :class:`~ucxcomm.Revoked`.
+    ft_seq : int
+        The number of ``agree``/``shrink`` calls on the communicator so far (names
+        their decisions: the same on every member).
+    listeners : list
+        The queues of its ``events()`` iterators.
     label : str
         How the communicator names itself in messages and ``repr``.
     check : bool
@@ -96,9 +107,10 @@ class Group:
         (:meth:`match`; the compiled point-to-point path reads it).
     """
 
-    __slots__ = ("_coll_seq", "check", "cid", "closed", "eps", "frame_seq", "label", "match_cache",
-                 "members", "out_of_step", "p2p_base", "peer_sets", "peers_all", "rank",
-                 "scratch", "size", "transport", "windows", "world")
+    __slots__ = ("__weakref__", "_coll_seq", "check", "cid", "closed", "eps", "frame_seq",
+                 "ft_seq", "label", "listeners", "match_cache", "members", "out_of_step",
+                 "p2p_base", "peer_sets", "peers_all", "rank", "revoked", "scratch", "shut",
+                 "size", "transport", "windows", "world")
 
     def __init__(self, world: World, members: tuple[int, ...], cid: int) -> None:
         if cid > MAX_CID:
@@ -116,6 +128,10 @@ class Group:
         self.p2p_base = make_tag(cid, KIND_P2P, self.rank, 0)
         self.frame_seq = [0] * self.size
         self.closed = False
+        self.shut = False
+        self.revoked: str | None = None
+        self.ft_seq = 0
+        self.listeners: list[asyncio.Queue] = []
         self.label = f"<ucxcomm.Comm cid={cid} rank={self.rank} size={self.size}>"
         self._coll_seq = 0
         self.out_of_step: str | None = None
@@ -125,6 +141,7 @@ class Group:
         # Messages from each member count as the member's (its world rank's) traffic.
         for source, peer in enumerate(members):
             self.transport.count_senders(SENDER_SHIFT, sender_prefixes(cid, source), peer)
+        world.groups.add(self)
 
     def __repr__(self) -> str:
         return f"<ucxcomm.comm.group.Group of {self.label}>"
@@ -138,8 +155,11 @@ class Group:
 
     # ---------------------------------------------------------------- checks
     def check_open(self) -> None:
-        """Raise :class:`~ucxcomm.ClosedError` once the communicator or world is closed."""
+        """Raise :class:`~ucxcomm.ClosedError` once the communicator or world is closed,
+        :class:`~ucxcomm.Revoked` once it was revoked."""
         if self.closed or self.world.closed:
+            if self.revoked is not None and not self.shut and not self.world.closed:
+                raise Revoked(f"{self.label} was revoked: {self.revoked}")
             raise ClosedError(f"{self.label} is closed")
 
     def check_peer(self, rank: Any, what: str, allow_any: bool = False) -> int:

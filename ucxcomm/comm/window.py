@@ -193,6 +193,8 @@ class Win:
     def _check(self, rank: Any) -> int:
         if self._closed:
             raise ClosedError("the window was freed")
+        if self.comm.group.closed:
+            self.comm.group.check_open()  # (its communicator closed or revoked)
         if type(rank) is not int or not 0 <= rank < len(self._mem):
             raise ValueError(f"target rank {rank!r} is out of range for a window over "
                              f"{len(self._mem)} ranks")
@@ -569,8 +571,15 @@ class Win:
     async def Free(self, *, timeout: float | None = None) -> None:
         """Collective: wait for every rank, then release the registrations (released
         also when the wait fails or times out; a timeout leaves the communicator's
-        collectives out of step)."""
+        collectives out of step). On a revoked communicator, or one with a member known
+        dead, it releases this rank's part at once, without waiting (as :meth:`abort`)."""
         if self._closed:
+            return
+        g = self.comm.group
+        if g.revoked is not None or self.comm.failed():
+            # (revoked or with a dead member: no collective can complete; this rank's
+            # part is released, locally, as docs/elastic.md says)
+            self.abort()
             return
         deadline = Deadline(timeout, "Free")
         try:

@@ -21,6 +21,7 @@ secret for the store (``ucxcomm run`` makes a random one).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -33,7 +34,7 @@ from typing import Any
 
 from .. import settings
 from .._deadline import Deadline, check_timeout
-from ..comm import Comm, World
+from ..comm import Comm, World, elastic
 from ..errors import BootstrapError, CommTimeoutError
 from ..tags import MAX_RANKS
 from .store import StoreClient, StoreServer
@@ -350,6 +351,8 @@ async def watch_peers(world: World, client: StoreClient, server: StoreServer | N
     """
     rank, size = world.rank, world.size
     client.on_dead = world.peer_failed
+    world.store = client  # (agree/shrink/revoke: comm/elastic.py)
+    client.on_notice = functools.partial(elastic.notice_received, world)
 
     def lost(closing: bool) -> None:
         if world.closed:

@@ -8,6 +8,12 @@ when the first rank fails: the others get SIGTERM, then SIGKILL after a grace pe
 The job's exit code is the first failing rank's (128+signal for a signal); ranks that
 exit 0 do not end the job. SIGINT/SIGTERM to the launcher reach every rank.
 
+With ``elastic=True`` (``ucxcomm run --elastic``) a rank's failure does not end the job:
+the others go on (the store tells them; ``Comm.shrink``, docs/elastic.md). The job's
+exit code is then the survivors': the first nonzero exit code of a rank that ended by
+exiting, 0 when all of those exited 0; a rank ended by a signal is a casualty, not a
+survivor (if every rank was, the code is the first one's, 128+signal).
+
 With ``bind="core"`` (``ucxcomm run --bind-to core``) rank *r* may run only on the *r*-th
 of the launcher's CPUs (round robin when ranks outnumber them; one logical CPU each, so on
 an SMT machine two ranks may share a physical core when its hardware threads come in a
@@ -64,8 +70,10 @@ def _command(argv: Sequence[str]) -> list[str]:
 
 class _Job:
     def __init__(self, nprocs: int, argv: Sequence[str], tag_output: bool,
-                 timeout: float | None, bind: str = "none") -> None:
+                 timeout: float | None, bind: str = "none", elastic: bool = False) -> None:
         self.nprocs, self.cmd = nprocs, _command(argv)
+        self.elastic = elastic
+        self.returncodes: dict[int, int] = {}
         self.tag_output, self.timeout = tag_output, timeout
         self.cores = core_binding(nprocs) if bind == "core" else None
         self.procs: list[asyncio.subprocess.Process] = []
@@ -119,6 +127,12 @@ class _Job:
 
     async def _watch(self, rank: int, proc: asyncio.subprocess.Process) -> None:
         rc = await proc.wait()
+        self.returncodes[rank] = rc
+        if self.elastic:
+            if rc != 0 and not self.stopping:
+                how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+                self._say(f"rank {rank} failed ({how}); the others go on (--elastic)")
+            return
         if rc != 0 and self.code is None and not self.stopping:
             self.code = _exit_code(rc)
             how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
@@ -227,6 +241,8 @@ class _Job:
                 await asyncio.wait(watchers)
             if self.pumps:
                 await asyncio.wait(self.pumps, timeout=KILL_GRACE_S)
+            if self.elastic and self.code is None:
+                return self._survivors_code()
             return self.code or 0
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -239,6 +255,15 @@ class _Job:
             if jobdir is not None:  # (and its torch groups': see trace.job_dir)
                 for path in [jobdir, *glob.glob(glob.escape(jobdir) + "-*")]:
                     shutil.rmtree(path, ignore_errors=True)
+
+
+    def _survivors_code(self) -> int:
+        """The exit code of an elastic job (module doc)."""
+        codes = [self.returncodes[r] for r in sorted(self.returncodes)]
+        exited = [rc for rc in codes if rc >= 0]
+        if exited:
+            return next((rc for rc in exited if rc != 0), 0)
+        return _exit_code(codes[0]) if codes else 0
 
 
 def _make_job_dir(cmd: Sequence[str], nprocs: int) -> str | None:
@@ -255,14 +280,14 @@ def _make_job_dir(cmd: Sequence[str], nprocs: int) -> str | None:
 
 
 def run_job(nprocs: int, argv: Sequence[str], *, tag_output: bool = False,
-            timeout: float | None = None, bind: str = "none") -> int:
+            timeout: float | None = None, bind: str = "none", elastic: bool = False) -> int:
     """Run ``argv`` as ``nprocs`` ranks on this machine; returns the job's exit code.
     ``bind``: ``"none"`` (the default) or ``"core"`` (one core per rank, see the module
-    doc)."""
+    doc). ``elastic``: a rank's failure does not end the job (module doc)."""
     if nprocs < 1:
         raise ValueError(f"-n must be >= 1, got {nprocs}")
     if not argv:
         raise ValueError("no program to run")
     if bind not in BIND_CHOICES:
         raise ValueError(f"bind must be one of {BIND_CHOICES}, got {bind!r}")
-    return asyncio.run(_Job(nprocs, argv, tag_output, timeout, bind).run())
+    return asyncio.run(_Job(nprocs, argv, tag_output, timeout, bind, elastic).run())

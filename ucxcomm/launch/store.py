@@ -10,6 +10,15 @@ client may ``join`` as a rank: its connection then doubles as a liveness watch. 
 drops without ``leave``, every other client receives ``{"event": "dead", "rank": r}``.
 This is how ranks learn that a peer died without giving up UCX shared memory (UCX
 peer error handling would pin endpoints to TCP).
+
+Two more requests serve elastic membership (docs/elastic.md), from joined ranks only:
+``notify`` relays a short value to the listed joined ranks (``{"event": "notice"}``:
+how a communicator's revocation reaches its members), and ``decide`` is a decision
+among a set of ranks that this server coordinates: every member sends its value under
+the same key; once each member has either sent one or dropped (died or left), every
+member that sent one gets the same answer: the values of the members still alive and
+the members gone. The store is the failure detector (a rank is dead when its
+connection drops), so the decision ends whatever the timing of deaths.
 """
 
 from __future__ import annotations
@@ -47,10 +56,40 @@ class _BadFrame(ValueError):
     """A frame that is not a JSON object within the limits, or a malformed request."""
 
 
+#: Limits of the elastic requests: a notice's or a decision value's length, a
+#: decision's key length, how many decisions may be open at once, and the most ranks
+#: one request may name.
+MAX_NOTICE = 1024
+MAX_DECISION_KEY = 256
+MAX_OPEN_DECISIONS = 4096
+MAX_NAMED_RANKS = 1 << 20
+
 #: The fields each request needs, with their JSON types.
 _FIELDS: dict[Any, tuple[tuple[str, type], ...]] = {
     "set": (("key", str), ("value", str)), "get": (("key", str),),
-    "add": (("key", str), ("amount", int)), "join": (("rank", int),)}
+    "add": (("key", str), ("amount", int)), "join": (("rank", int),),
+    "notify": (("to", list), ("value", str)),
+    "decide": (("key", str), ("members", list), ("value", str))}
+
+
+def _ranks_field(msg: dict, name: str) -> list[int]:
+    """A request's list of ranks: non-negative ints, at most MAX_NAMED_RANKS."""
+    ranks = msg[name]
+    if len(ranks) > MAX_NAMED_RANKS or not all(type(r) is int and r >= 0 for r in ranks):
+        raise _BadFrame(f"{msg.get('op')}: {name} must list at most {MAX_NAMED_RANKS} "
+                        "non-negative integer ranks")
+    return ranks
+
+
+class _Decision:
+    """One open ``decide``: its members, the values sent so far, who waits."""
+
+    __slots__ = ("members", "values", "waiters")
+
+    def __init__(self, members: frozenset[int]) -> None:
+        self.members = members
+        self.values: dict[int, str] = {}
+        self.waiters: list[tuple[asyncio.StreamWriter, Any]] = []
 
 
 async def _read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME) -> dict:
@@ -104,6 +143,7 @@ class StoreServer:
         self._gone_waiters: list[asyncio.Future] = []
         self._unauthenticated = 0
         self._exiting: set[asyncio.StreamWriter] = set()
+        self._decisions: dict[str, _Decision] = {}
 
     @property
     def port(self) -> int:
@@ -141,6 +181,21 @@ class StoreServer:
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
+        for key in list(self._decisions):
+            self._try_decide(key)
+
+    def _try_decide(self, key: str) -> None:
+        """Answer decision ``key`` once every member has sent its value or is gone."""
+        d = self._decisions[key]
+        gone = d.members & (set(self.dead) | set(self.left))
+        if not d.members <= gone | d.values.keys():
+            return
+        del self._decisions[key]
+        answer = {"ok": True, "dead": sorted(gone),
+                  "values": {str(r): v for r, v in d.values.items() if r not in gone}}
+        for writer, rid in d.waiters:
+            with contextlib.suppress(Exception):
+                writer.write(_encode(dict(answer, id=rid)))
 
     async def close(self) -> None:
         if self._server is None:
@@ -255,6 +310,19 @@ class StoreServer:
             else:
                 self._ranks[writer] = rank
                 writer.write(_encode({"id": rid, "ok": True, "dead": self.dead}))
+        elif op == "notify":
+            to = set(_ranks_field(msg, "to"))
+            sender = self._ranks.get(writer)
+            if sender is None or len(msg["value"]) > MAX_NOTICE:
+                raise _BadFrame("notify: only a joined rank may send a notice, of at most "
+                                f"{MAX_NOTICE} characters")
+            event = _encode({"event": "notice", "from": sender, "value": msg["value"]})
+            for w, r in list(self._ranks.items()):
+                if r in to and w is not writer:
+                    with contextlib.suppress(Exception):
+                        w.write(event)
+        elif op == "decide":
+            self._decide(msg, rid, writer)
         elif op == "exiting":
             # The rank's process is ending without having closed: its drop will be
             # reported as an exit (peers fail what they wait from it, quietly), not as a
@@ -268,6 +336,32 @@ class StoreServer:
             writer.write(_encode({"id": rid, "ok": True}))
         else:
             writer.write(_encode({"id": rid, "ok": False, "error": f"unknown op {op!r}"}))
+
+    def _decide(self, msg: dict, rid: Any, writer: asyncio.StreamWriter) -> None:
+        key, value = msg["key"], msg["value"]
+        members = frozenset(_ranks_field(msg, "members"))
+        rank = self._ranks.get(writer)
+        error = None
+        if len(key) > MAX_DECISION_KEY or len(value) > MAX_NOTICE:
+            raise _BadFrame(f"decide: a key of at most {MAX_DECISION_KEY} and a value of "
+                            f"at most {MAX_NOTICE} characters")
+        d = self._decisions.get(key)
+        if rank is None or rank not in members:
+            error = "decide: only a joined rank among the members may take part"
+        elif d is None and len(self._decisions) >= MAX_OPEN_DECISIONS:
+            error = f"decide: {MAX_OPEN_DECISIONS} decisions are open already"
+        elif d is not None and d.members != members:
+            error = f"decide {key!r}: the members differ from another rank's"
+        elif d is not None and rank in d.values:
+            error = f"decide {key!r}: rank {rank} has taken part already"
+        if error is not None or rank is None:
+            writer.write(_encode({"id": rid, "ok": False, "error": error}))
+            return
+        if d is None:
+            d = self._decisions[key] = _Decision(members)
+        d.values[rank] = value
+        d.waiters.append((writer, rid))
+        self._try_decide(key)
 
     async def _get(self, key: str, rid: Any, writer: asyncio.StreamWriter) -> None:
         while key not in self._data:
@@ -295,6 +389,8 @@ class StoreClient:
         self._pending: dict[int, asyncio.Future] = {}
         self.on_dead: Callable[[int, bool], None] | None = None
         self.on_lost: Callable[[bool], None] | None = None
+        #: Called with ``(sender rank, value)`` for each notice relayed to this rank.
+        self.on_notice: Callable[[int, str], None] | None = None
         self._store_closing = False
         self._leaving = False
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
@@ -358,6 +454,10 @@ class StoreClient:
                         self.on_dead(int(msg["rank"]), event == "exited")
                     elif event == "closing":
                         self._store_closing = True
+                    elif (event == "notice" and self.on_notice is not None
+                          and type(msg.get("from")) is int
+                          and type(msg.get("value")) is str):
+                        self.on_notice(msg["from"], msg["value"])
                     continue
                 rid = msg.get("id")
                 fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
@@ -417,6 +517,29 @@ class StoreClient:
         """Register this connection as ``rank``'s liveness watch; returns ranks already dead."""
         reply = await self._call({"op": "join", "rank": rank}, timeout)
         return [int(r) for r in reply.get("dead", [])]
+
+    def notify(self, to: list[int], value: str) -> None:
+        """Relay ``value`` to the joined ranks ``to`` (not answered, not awaited: written
+        at once; nothing when the connection is gone)."""
+        if not self._task.done():
+            self._writer.write(_encode({"op": "notify", "to": to, "value": value}))
+
+    async def decide(self, key: str, members: list[int], value: str,
+                     timeout: float | None) -> tuple[dict[int, str], list[int]]:
+        """Take part in decision ``key`` among ``members`` (this rank one of them) with
+        ``value``: ``({rank: value} of the members alive when it was decided, [the
+        members gone])``, the same for every member that gets an answer."""
+        reply = await self._call({"op": "decide", "key": key, "members": members,
+                                  "value": value}, timeout)
+        values, dead = reply.get("values"), reply.get("dead")
+        if not isinstance(values, dict) or not isinstance(dead, list):
+            raise BootstrapError(f"bootstrap store {self.address}: a malformed decision")
+        try:
+            return ({int(r): str(v) for r, v in values.items()},
+                    [int(r) for r in dead])
+        except (TypeError, ValueError):
+            raise BootstrapError(f"bootstrap store {self.address}: a malformed decision") \
+                from None
 
     async def leave(self, timeout: float | None = 10.0) -> None:
         self._leaving = True

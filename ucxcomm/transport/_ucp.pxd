@@ -84,7 +84,7 @@ cdef class TagEngine:
     cdef object c_send(self, uintptr_t ep, object obj, uint64_t tag, object peers,
                        bint fast)
     cdef object _polled_op(self, int st, void *req, object keep, object peers, str what,
-                           bint is_recv)
+                           bint is_recv, uint64_t tag)
     cdef object c_irecv(self, object obj, uint64_t tag, uint64_t mask, object peers,
                         object finish, bint spin, bint post)
     cdef object _irecv_result(self, object res, Op op)

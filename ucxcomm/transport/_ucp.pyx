@@ -552,6 +552,7 @@ cdef class TagEngine:
         op.peers = peers
         op.req = req
         op.keep = ref
+        op.tag = tag
         self._reqs.append(op)
         return op.future
 
@@ -566,10 +567,10 @@ cdef class TagEngine:
         if st >= 0:  # (device memory: UCX's host-memory table does not apply)
             ucxcomm_count_send(<ucxcomm_stats_t *>self._stats, ep, n,
                                -1 if t[3] else fcmpl)
-        return self._polled_op(st, req, t[2], peers, "send", False)
+        return self._polled_op(st, req, t[2], peers, "send", False, tag)
 
     cdef object _polled_op(self, int st, void *req, object keep, object peers, str what,
-                           bint is_recv):
+                           bint is_recv, uint64_t tag):
         """The outcome of a posted send/receive that needs no matching: None when it
         completed at once, the error, or a future for the request (polled with
         ucp_request_check_status; ``keep`` holds its buffer until then)."""
@@ -583,6 +584,7 @@ cdef class TagEngine:
         op.req = req
         op.keep = keep
         op.is_recv = is_recv
+        op.tag = tag
         self._reqs.append(op)
         return op.future
 
@@ -598,7 +600,7 @@ cdef class TagEngine:
                                        mask, &req, &stag, &length)
         if st == 0:  # (matched a message that was already here; later: _poll_reqs)
             ucxcomm_count_recv(<ucxcomm_stats_t *>self._stats, stag, length, 1, t[3])
-        return self._polled_op(st, req, t[2], peers, "receive", True)
+        return self._polled_op(st, req, t[2], peers, "receive", True, tag)
 
     def probe(self, uint64_t tag, uint64_t mask):
         """Non-destructive probe: ``(sender_tag, nbytes)`` of the first match, or None."""
@@ -755,7 +757,7 @@ cdef class TagEngine:
         cdef int rc = ucxcomm_tag_send(ep, <const void *>ptr, n, stag, fcmpl, &req)
         if rc >= 0:
             ucxcomm_count_send(<ucxcomm_stats_t *>self._stats, ep, n, fcmpl)
-        return self._polled_op(rc, req, keep, speers, "send", False)
+        return self._polled_op(rc, req, keep, speers, "send", False, stag)
 
     cdef object c_post_match(self, Op op, bint spin):
         # Only receives that could match the same message must keep their order; with no
@@ -1250,6 +1252,33 @@ cdef class TagEngine:
         op.mark_settled()
         if not op.future.done():
             op.future.set_exception(err)
+
+    def revoke_ops(self, uint64_t value, uint64_t mask, make_err):
+        """Fail every pending operation whose tag holds ``value`` under ``mask`` (a
+        communicator's context: ``Comm.revoke``) with a fresh ``make_err()`` each, as a
+        dead peer's are (a receive is cancelled; a send's memory is kept until the worker
+        is destroyed); returns how many."""
+        cdef Op op
+        cdef list keep = []
+        cdef int n = 0
+        for op in self._reqs:
+            if op.req != NULL and not op.done and (op.tag & mask) == value:
+                self._abandon(op, make_err())
+                n += 1
+            else:
+                keep.append(op)
+        self._reqs = keep
+        keep = []
+        for op in self._probes:
+            if not op.done and (op.tag & mask) == value:
+                op.mark_settled()
+                if op.future is not None and not op.future.done():
+                    op.future.set_exception(make_err())
+                n += 1
+            else:
+                keep.append(op)
+        self._probes = keep
+        return n
 
     def _abort_ops(self, err):
         """Cancel every request, let UCP finish what it can (briefly), fail the rest

@@ -282,6 +282,13 @@ class Transport(ABC):
                   grace: float | None = None) -> None:
         """Declare ``peer`` gone: its pending and later operations fail."""
 
+    @abstractmethod
+    def revoke_tags(self, value: int, mask: int, make_err: Callable[[], BaseException]
+                    ) -> int:
+        """Fail every pending operation whose tag holds ``value`` under ``mask`` (a
+        communicator's context, :func:`ucxcomm.tags.context_of`) with a fresh
+        ``make_err()`` each; returns how many."""
+
     # ------------------------------------------------------------ counters
     def count_senders(self, shift: int, prefixes: Iterable[int], peer: Any) -> None:
         """Count received messages whose sender tag ``>> shift`` is one of

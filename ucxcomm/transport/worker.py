@@ -478,6 +478,16 @@ class Worker(Transport):
     def is_dead(self, peer: Any) -> bool:
         return peer in self._eng._dead
 
+    def revoke_tags(self, value: int, mask: int, make_err: Callable[[], BaseException]
+                    ) -> int:
+        """Fail every pending operation whose tag holds ``value`` under ``mask`` with a
+        fresh ``make_err()`` each; returns how many (``Comm.revoke``)."""
+        n = self._eng.revoke_ops(value, mask, make_err)
+        if n:
+            _ucx.expect_lost_requests()  # (abandoned sends: UCX may warn at teardown)
+            self._progress.kick()
+        return n
+
     def forget_peer(self, peer: Any) -> None:
         """Drop what :meth:`fail_peer` recorded about ``peer``, once nothing will ever
         name it again (a connection's label after its endpoint is released): the
