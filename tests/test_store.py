@@ -75,7 +75,7 @@ async def test_client_without_token_cannot_read_or_write(server):
 async def test_dead_and_left_ranks(server):
     watcher = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
     dead = asyncio.get_running_loop().create_future()
-    watcher.on_dead = lambda r, quiet: dead.set_result((r, quiet)) if not dead.done() \
+    watcher.on_dead = lambda r, quiet, life: dead.set_result((r, quiet)) if not dead.done() \
         else None
     leaver = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
     victim = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
@@ -180,7 +180,7 @@ async def test_a_joined_rank_cannot_be_claimed_again(server):
     join as a rank that already joined is refused, and its disconnect kills no one."""
     watcher = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
     dead = []
-    watcher.on_dead = lambda r, quiet: dead.append(r)
+    watcher.on_dead = lambda r, quiet, life: dead.append(r)
     rank1 = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
     await rank1.join(1)
     stranger = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
@@ -211,7 +211,7 @@ async def test_exiting_rank_is_reported_as_an_exit(server):
     not as a death (issue 15, defect 8: clean exits printed "peer rank N died")."""
     watcher = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
     got = asyncio.get_running_loop().create_future()
-    watcher.on_dead = lambda r, quiet: got.set_result((r, quiet)) if not got.done() \
+    watcher.on_dead = lambda r, quiet, life: got.set_result((r, quiet)) if not got.done() \
         else None
     exiting = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
     await exiting.join(3)
@@ -341,6 +341,9 @@ async def test_decide_refuses_strangers_and_inconsistent_calls(server):
     {"op": "decide", "key": "k", "members": [0], "value": "v" * 2000},
     {"op": "decide", "key": "k", "members": 0, "value": "v"},
     {"op": "notify", "to": [1], "value": "v" * 2000},
+    {"op": "decide", "key": "k", "members": [0], "value": "v", "lives": [0]},
+    {"op": "decide", "key": "k", "members": [0], "value": "v", "lives": [1, 1]},
+    {"op": "decide", "key": "k", "members": [0], "value": "v", "lives": "1"},
     {"op": "notify", "to": ["x"], "value": "v"},
 ])
 async def test_hostile_elastic_requests_are_dropped(server, msg):
@@ -391,4 +394,42 @@ async def test_notices_reach_the_named_joined_ranks_only(server):
     assert await c.add("sync", 1) == 1  # (c's connection has read what came before)
     assert got == {1: [(0, "revoke 3 abc")], 2: []}
     for x in (a, b, c, outsider):
+        await x.close()
+
+
+async def test_a_rank_that_joins_again_is_a_new_life(server):
+    """A replacement (a rank's second join) gets life 2, its predecessor's death event
+    named life 1; a decision opened before the replacement joined still counts the rank
+    as gone, one opened after waits for it."""
+    a, b = await _joined(server, 0, 1)
+    assert (a.life, b.life) == (1, 1)
+    deaths = []
+    second = asyncio.Event()
+
+    def on_dead(r, quiet, life):
+        deaths.append((r, life))
+        if (r, life) == (1, 2):
+            second.set()
+
+    a.on_dead = on_dead
+    before = asyncio.ensure_future(a.decide("before", [0, 1], "x", 10))
+    await asyncio.sleep(0)  # (an order, not a wait: the request goes out first)
+    b._writer.transport.abort()
+    assert await asyncio.wait_for(before, 10) == ({0: "x"}, [1])
+    (b2,) = await _joined(server, 1)
+    assert b2.life == 2 and deaths == [(1, 1)]
+    # a decision among rank 1's first life: gone, whoever holds the rank now
+    assert await a.decide("old", [0, 1], "x", 10, lives=[1, 1]) == ({0: "x"}, [1])
+    with pytest.raises(BootstrapError, match="only a joined rank"):
+        await b2.decide("old2", [0, 1], "y", 10, lives=[1, 1])  # not that member
+    after = asyncio.ensure_future(a.decide("after", [0, 1], "x", 10))
+    await asyncio.sleep(0)
+    assert await b2.decide("after", [0, 1], "y", 10) == ({0: "x", 1: "y"}, [])
+    assert await after == ({0: "x", 1: "y"}, [])
+    c = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    b2._writer.transport.abort()
+    await c.join(2)
+    await asyncio.wait_for(second.wait(), 10)
+    assert deaths == [(1, 1), (1, 2)]
+    for x in (a, c):
         await x.close()

@@ -212,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--elastic", action="store_true",
                      help="a rank's failure does not end the job: the others go on "
                      "(Comm.shrink); the exit code is the survivors' (docs/elastic.md)")
+    run.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                     help="with --elastic: start a failed rank again, at most K times per "
+                     "rank (UCXCOMM_RESTART_COUNT; it joins through Comm.grow)")
     run.add_argument("prog", nargs=argparse.REMAINDER, help="program and its arguments")
     status = sub.add_parser(
         "status", help="what each rank of this host's running jobs waits in, for how long, "
@@ -247,8 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("-n must be >= 1")
         if not prog:
             parser.error("no program given")
+        if args.max_restarts < 0 or (args.max_restarts and not args.elastic):
+            parser.error("--max-restarts must be >= 0 and needs --elastic")
         return run_job(args.n, prog, tag_output=args.tag_output, timeout=args.timeout,
-                       bind=args.bind, elastic=args.elastic)
+                       bind=args.bind, elastic=args.elastic,
+                       max_restarts=args.max_restarts)
     if args.cmd == "status":
         return _status(args.json, args.job, args.all_jobs, args.last, args.store, args.token)
     if args.cmd == "info":

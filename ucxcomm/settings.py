@@ -178,6 +178,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("UCXCOMM_LOCAL_SIZE", _int, None, "ranks on this host", launcher=True),
     Setting("UCXCOMM_RANKS_PER_CORE", _int, None,
             "ranks bound to this rank's CPU (ucxcomm run --bind-to core)", launcher=True),
+    Setting("UCXCOMM_RESTART_COUNT", _nonneg_int, 0,
+            "how many times this rank was restarted (ucxcomm run --elastic --max-restarts): "
+            "above 0, init() waits to join the running job through Comm.grow "
+            "(docs/elastic.md)", launcher=True),
     # building and CI
     Setting("UCXCOMM_UCX_PREFIX", _text, None,
             "install time: build against the UCX headers under this prefix instead of "

@@ -270,6 +270,107 @@ async def _kill_case(comm, name):
     return "closed"
 
 
+# ------------------------------------------------------------ replacements
+async def _heal(comm):
+    """Until a communicator has no dead member: agree, grow (each dead member replaced
+    by a process ``ucxcomm run --max-restarts`` started)."""
+    while True:
+        ok, failed = await comm.agree(True)
+        assert ok
+        if not failed:
+            return comm
+        print(f"GROWING {comm.rank} over {sorted(failed)}", flush=True)
+        comm = await comm.grow()
+
+
+async def _grown(comm, restarts):
+    """Checks on the healed communicator: every rank in its place (world rank order),
+    which of them are replacements, data."""
+    p = comm.size
+    world_rank = int(os.environ["UCXCOMM_RANK"])
+    restart = int(os.environ.get("UCXCOMM_RESTART_COUNT", "0"))
+    assert comm.rank == world_rank, (comm.rank, world_rank)
+    got = await comm.allgather((world_rank, restart))
+    assert got == [(q, restarts.get(q, 0)) for q in range(p)], got
+    x = np.full(1000, float(comm.rank))
+    await comm.Allreduce(IN_PLACE, x)
+    assert (x == p * (p - 1) / 2).all(), x[:4]
+    buf = np.full(BIG, comm.rank, np.float64)
+    got_buf = np.empty_like(buf)
+    right, left = (comm.rank + 1) % p, (comm.rank - 1) % p
+    await comm.Sendrecv(buf, right, got_buf, source=left)
+    assert (got_buf == left).all()
+
+
+def _restarts():
+    """``ELASTIC_RESTARTS``: ``rank:count,...``, the restarts each rank should have had."""
+    out = {}
+    for item in filter(None, os.environ.get("ELASTIC_RESTARTS", "").split(",")):
+        rank, count = item.split(":")
+        out[int(rank)] = int(count)
+    return out
+
+
+async def _replaced_case(comm, name):
+    restart = int(os.environ.get("UCXCOMM_RESTART_COUNT", "0"))
+    async with asyncio.timeout(DEADLINE_S * 3):
+        if restart:  # a replacement: init() returned the communicator it joined
+            print(f"JOINED {comm.rank} restart {restart} size {comm.size}", flush=True)
+            joined = comm
+            comm = await _heal(comm)
+            await _grown(comm, _restarts())
+            if comm is not joined:  # (grown again: its world's is the one it joined)
+                await comm.close()
+            await ucxcomm.finalize()
+            return "closed"
+        r, p = comm.rank, comm.size
+        victim = _victim(comm)
+        await comm.barrier()
+        print(f"PID {r} {os.getpid()}", flush=True)
+        if r == victim:
+            print(f"VICTIM {r} {os.getpid()}", flush=True)
+            await asyncio.Event().wait()  # killed here by the test
+        events = comm.events()
+        print(f"WAITING {r}", flush=True)
+        try:
+            await comm.Allreduce(np.ones(1), np.empty(1))
+        except (PeerFailure, Revoked):
+            pass
+        else:
+            raise AssertionError(f"Allreduce completed although rank {victim} died")
+        ok, failed = await comm.agree(True)
+        assert ok and victim in failed, (ok, failed)
+        print(f"GROWING {r} over {sorted(failed)}", flush=True)
+        new = await comm.grow()
+        assert new.size == p and new.rank == r, (new.rank, new.size)
+        assert comm.revoked and victim in comm.failed(), comm.failed()
+        got = [await anext(events)]
+        assert got[0] == PeerFailed(victim, got[0].reason), got
+        while ucxcomm.PeerJoined(victim) not in got:  # (another death may come between)
+            got.append(await anext(events))
+            assert len(got) <= 4, got
+        new = await _heal(new)
+        await _grown(new, _restarts())
+        await new.close()
+        await ucxcomm.finalize()
+    return "closed"
+
+
+@case
+async def replace_dead_rank(comm):
+    """Under ``--elastic --max-restarts 1``: the victim dies, the launcher starts a
+    replacement, the survivors grow back to the original size; the replacement's
+    init() returns the same communicator."""
+    return await _replaced_case(comm, "replace_dead_rank")
+
+
+@case
+async def kill_in_grow(comm):
+    """As replace_dead_rank, and the test kills a second rank while the survivors are in
+    grow: whichever way the timing falls, everyone ends on a healed communicator."""
+    return await _replaced_case(comm, "kill_in_grow")
+
+
 KILL_CASES = ["recv", "recv_any", "send_big", "irecv", "allreduce", "allreduce_big", "bcast",
               "bcast_from_survivor", "allgather", "alltoall", "reduce_scatter", "gather",
               "scatter", "barrier", "allgather_obj", "fence", "kill_in_agree",

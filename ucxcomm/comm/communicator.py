@@ -77,7 +77,8 @@ class World:
 
     def __init__(self, worker: Transport, rank: int, size: int,
                  addresses: list[bytes], hosts: list[bytes] | None = None,
-                 trace_part: str = "") -> None:
+                 trace_part: str = "", members: tuple[int, ...] | None = None,
+                 cid: int = 0, lives: dict[int, int] | None = None) -> None:
         worker.carry("communicator")  # (no connection may share its tags)
         self.worker = worker
         self.rank = rank
@@ -97,6 +98,14 @@ class World:
         #: World ranks known dead, and why (``Comm.failed``, ``Comm.events``).
         self.dead: set[int] = set()
         self.dead_reason: dict[int, str] = {}
+        #: Which process holds each world rank: its life, the count of the rank's joins
+        #: to the store (1 unless a replacement took the rank: ``Comm.grow``), and the
+        #: deaths of lives not admitted here yet.
+        self.lives: dict[int, int] = dict(lives or {})
+        self.deaths_ahead: set[tuple[int, int]] = set()
+        #: How many joiner entries of the store ``Comm.grow`` has read (the same on every
+        #: member of the communicators it grew).
+        self.joined_cursor = 0
         #: This process's communicators (a revocation names one by context id).
         self.groups: weakref.WeakSet[Group] = weakref.WeakSet()
         #: The bootstrap store's client (``launch/store.py``: its liveness watch, the
@@ -112,7 +121,12 @@ class World:
         self.check_collectives = bool(settings.get("UCXCOMM_CHECK_COLLECTIVES"))
         #: Stops the thread that answers ``ucxcomm status --store`` (launch/status.py).
         self.status_stop: Callable[[], None] | None = None
-        self.comm = Comm(self, tuple(range(size)), 0)
+        #: The communicator ``init()`` returns: every rank, context id 0; for a process
+        #: that joined a running job (``Comm.grow``), the communicator it was admitted
+        #: to (``members``, ``cid``). Closing it closes the world.
+        self.comm = Comm(self, tuple(range(size)) if members is None else members, cid)
+        if members is not None:
+            self.next_cid = cid + 1
 
     def endpoint(self, world_rank: int) -> Link:
         ep = self._eps.get(world_rank)
@@ -129,10 +143,17 @@ class World:
         mine, theirs = self.hosts[self.rank], self.hosts[world_rank]
         return bool(mine) and bool(theirs) and mine != theirs
 
-    def peer_failed(self, world_rank: int, quiet: bool = False) -> None:
+    def peer_failed(self, world_rank: int, quiet: bool = False, life: int | None = None
+                    ) -> None:
         """Called when the bootstrap store reports that ``world_rank`` died (``quiet``:
         its process was ending without closing, so its own output says why; what waits
-        on it still fails, without a warning here)."""
+        on it still fails, without a warning here; ``life``: which of the rank's
+        processes died, see :meth:`admit`: a predecessor's death is old news, a
+        successor's not admitted yet is kept for when it is)."""
+        if life is not None and life != self.lives.get(world_rank, 1):
+            if life > self.lives.get(world_rank, 1):
+                self.deaths_ahead.add((world_rank, life))
+            return
         if world_rank == self.rank or self.closed or world_rank in self.dead:
             return
         if quiet:
@@ -147,6 +168,35 @@ class World:
         elastic.publish(self, world_rank, reason)
         for listener in list(self.failure_listeners):
             listener(world_rank)
+
+    def admit(self, world_rank: int, address: bytes, host: bytes, life: int) -> None:
+        """A replacement (``life``) now holds ``world_rank`` (``Comm.grow``): its address
+        replaces its predecessor's, which is forgotten (endpoint, death)."""
+        while len(self.addresses) <= world_rank:
+            self.addresses.append(b"")
+            if self.hosts is not None:
+                self.hosts.append(b"")
+        self.size = len(self.addresses)
+        # Every communicator with that rank named its predecessor: revoked here (an
+        # operation on it would reach the replacement, which knows nothing of it).
+        for g in list(self.groups):
+            if world_rank in g.members and not g.shut:
+                g.replaced.add(world_rank)
+                elastic.revoke_local(g, f"rank {g.members.index(world_rank)} was "
+                                     "replaced by a new process (grow)")
+        old = self._eps.pop(world_rank, None)
+        if old is not None:
+            old.abort()
+        self.addresses[world_rank] = address
+        if self.hosts is not None:
+            self.hosts[world_rank] = host
+        self.lives[world_rank] = life
+        self.dead.discard(world_rank)
+        self.dead_reason.pop(world_rank, None)
+        self.worker.forget_peer(world_rank)
+        if (world_rank, life) in self.deaths_ahead:  # (it died before it was admitted)
+            self.deaths_ahead.discard((world_rank, life))
+            self.peer_failed(world_rank)
 
     def watch_lost(self, reason: str) -> None:
         """The liveness watch (the bootstrap store) is gone: no death can be reported to
@@ -651,8 +701,8 @@ class Comm(Collectives):
     def failed(self) -> frozenset[int]:
         """The ranks of this communicator that this process knows are dead (local: no
         communication; ``agree`` gives every member the same set)."""
-        dead = self._world.dead
-        return frozenset(r for r, m in enumerate(self._group.members) if m in dead)
+        dead, g = self._world.dead, self._group
+        return frozenset(r for r, m in enumerate(g.members) if m in dead or m in g.replaced)
 
     def revoke(self) -> None:
         """Revoke the communicator, on every member: their pending and later operations
@@ -707,6 +757,31 @@ class Comm(Collectives):
         """
         return await elastic.shrink(self, timeout)
 
+    async def grow(self, size: int | None = None, *, timeout: float | None = None
+                   ) -> Comm:
+        """A communicator of the live members and of processes waiting to join, until it
+        has ``size`` members (default: the original size, for a communicator made by
+        :meth:`shrink` that of the one it was shrunk from: each dead member replaced).
+        Collective over the live members (as :meth:`agree`). The joiners are processes
+        waiting in ``ucxcomm.init()``: replacements that ``ucxcomm run --elastic
+        --max-restarts K`` starts for dead ranks; their ``init()`` returns the same new
+        communicator. Ranks are ordered by world rank: survivors of the world keep theirs,
+        and a replacement of rank ``r`` takes rank ``r``. Waits until enough joiners came
+        (``timeout``); ``events()`` of this communicator report ``PeerJoined``. Every
+        communicator that had a replaced member is revoked here (its rank now names
+        another process; ``failed()`` keeps naming it).
+
+        Raises
+        ------
+        TypeError
+            ``size`` is not an int.
+        ValueError
+            ``size`` is below the number of live members.
+        ClosedError, CommTimeoutError, PeerFailure
+            As for :meth:`agree`.
+        """
+        return await elastic.grow(self, size, timeout)
+
     def events(self) -> AsyncIterator[elastic.PeerFailed | elastic.PeerJoined]:
         """``async for event in comm.events()``: :class:`ucxcomm.PeerFailed` ``(rank,
         reason)`` for each member that dies (those known dead already come first) and
@@ -742,13 +817,13 @@ class Comm(Collectives):
             log.warning("close: not every rank reached close (%s); closing anyway", exc)
         finally:
             self._shut()
-            if g.cid == 0:
+            if self is self._world.comm:
                 await self._world.close()
 
     def abort(self) -> None:
         """Close at once, without waiting for other ranks (safe in ``finally``)."""
         self._shut()
-        if self._group.cid == 0:
+        if self is self._world.comm:
             self._world.abort()
 
     def _shut(self) -> None:

@@ -92,6 +92,15 @@ class Group:
         their decisions: the same on every member).
     listeners : list
         The queues of its ``events()`` iterators.
+    lives : tuple of int
+        Which process of each member's rank the communicator is among (its life:
+        ``World.lives``), for the store's decisions.
+    replaced : set of int
+        Members (world ranks) whose process a replacement took over (``grow``): they
+        count as failed here, and the communicator was revoked.
+    origin_size : int
+        The size ``grow()`` restores by default: the communicator's own, or for one made
+        by ``shrink``/``grow``, that of the one it came from (resp. the size grown to).
     label : str
         How the communicator names itself in messages and ``repr``.
     check : bool
@@ -107,10 +116,35 @@ class Group:
         (:meth:`match`; the compiled point-to-point path reads it).
     """
 
-    __slots__ = ("__weakref__", "_coll_seq", "check", "cid", "closed", "eps", "frame_seq",
-                 "ft_seq", "label", "listeners", "match_cache", "members", "out_of_step",
-                 "p2p_base", "peer_sets", "peers_all", "rank", "revoked", "scratch", "shut",
-                 "size", "transport", "windows", "world")
+    __slots__ = (
+        "__weakref__",
+        "_coll_seq",
+        "check",
+        "cid",
+        "closed",
+        "eps",
+        "frame_seq",
+        "ft_seq",
+        "label",
+        "listeners",
+        "lives",
+        "match_cache",
+        "members",
+        "origin_size",
+        "out_of_step",
+        "p2p_base",
+        "peer_sets",
+        "peers_all",
+        "rank",
+        "replaced",
+        "revoked",
+        "scratch",
+        "shut",
+        "size",
+        "transport",
+        "windows",
+        "world",
+    )
 
     def __init__(self, world: World, members: tuple[int, ...], cid: int) -> None:
         if cid > MAX_CID:
@@ -131,6 +165,9 @@ class Group:
         self.shut = False
         self.revoked: str | None = None
         self.ft_seq = 0
+        self.origin_size = len(members)
+        self.replaced: set[int] = set()
+        self.lives = tuple(world.lives.get(m, 1) for m in members)
         self.listeners: list[asyncio.Queue] = []
         self.label = f"<ucxcomm.Comm cid={cid} rank={self.rank} size={self.size}>"
         self._coll_seq = 0

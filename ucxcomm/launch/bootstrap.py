@@ -21,7 +21,9 @@ secret for the store (``ucxcomm run`` makes a random one).
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
+import json
 import logging
 import os
 import re
@@ -56,6 +58,7 @@ class WorldSpec:
     host_store: bool  # this process serves the store (rank 0 under most launchers)
     source: str  # which convention matched ("explicit", "ucxcomm", "torchrun", ...)
     guessable: bool = False  # the token is derived from launcher variables, not secret
+    restart: int = 0  # a replacement's restart count: it joins the running job (grow)
 
 
 def _setting(env: Mapping[str, str], name: str) -> Any:
@@ -154,7 +157,8 @@ def detect(env: Mapping[str, str] | None = None, *, rank: int | None = None,
                  "ucxcomm run")
         host, port = _hostport(_setting(env, "UCXCOMM_STORE"), "UCXCOMM_STORE")
         return _check(WorldSpec(_setting(env, "UCXCOMM_RANK"), _setting(env, "UCXCOMM_SIZE"),
-                                host, port, token, False, "ucxcomm"))
+                                host, port, token, False, "ucxcomm",
+                                restart=_setting(env, "UCXCOMM_RESTART_COUNT")))
     if "RANK" in env and ("WORLD_SIZE" in env or "MASTER_ADDR" in env):
         _require(env, ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"), "torchrun")
         port = _setting(env, "UCXCOMM_PORT") or _int_var(env, "MASTER_PORT") + 1
@@ -293,6 +297,8 @@ async def _form_world_steps(spec: WorldSpec, deadline: Deadline, config: dict[st
             raise
     worker = Worker(config, plan=plan)
     hosts: list[bytes] | None = None
+    if client is not None and spec.restart > 0:
+        return await _join_running(spec, deadline, worker, client)
     try:
         if client is None:
             addresses = [worker.address]
@@ -339,15 +345,72 @@ async def _form_world_steps(spec: WorldSpec, deadline: Deadline, config: dict[st
     return world
 
 
+async def _join_running(spec: WorldSpec, deadline: Deadline, worker: Any,
+                        client: StoreClient) -> World:
+    """A replacement's world (``UCXCOMM_RESTART_COUNT`` > 0): join the store as this
+    rank (its liveness watch, first: a joiner that dies is seen to), write a joiner's
+    entry, wait until a ``Comm.grow`` of the running job admits it, and make the world
+    whose communicator is the one it was admitted to (comm/elastic.py)."""
+    from .._net import host_identity
+
+    deaths: list[tuple[int, bool, int | None]] = []
+    try:
+        client.on_dead = lambda r, quiet, life: deaths.append((r, quiet, life))
+        await client.join(spec.rank, deadline.left())
+        life = client.life
+        n = await client.add("joiners", 1, deadline.left()) - 1
+        entry = json.dumps({"rank": spec.rank, "life": life,
+                            "address": base64.b64encode(worker.address).decode(),
+                            "host": base64.b64encode(host_identity()).decode()})
+        await client.set(elastic.JOINER_KEY.format(n), entry.encode(), deadline.left())
+        log.info("rank %d (restart %d): waiting for the running job to admit it (grow)",
+                 spec.rank, spec.restart)
+        raw = await client.get(elastic.ADMIT_KEY.format(spec.rank, life), deadline.left())
+        try:
+            rec = elastic.admission(raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BootstrapError(f"rank {spec.rank}: a malformed admission ({exc})") from None
+        if spec.rank not in rec["members"]:
+            raise BootstrapError(f"rank {spec.rank}: admitted to a communicator without it")
+        if rec["check"] != bool(settings.get("UCXCOMM_CHECK_COLLECTIVES")):
+            raise BootstrapError("UCXCOMM_CHECK_COLLECTIVES differs from the running job's: "
+                                 "it must be the same on every rank")
+    except BaseException:
+        worker.abort()
+        await client.close()
+        raise
+    size = max(max(rec["members"]) + 1, spec.size)
+    addresses = [rec["addresses"].get(r, b"") for r in range(size)]
+    hosts = [rec["hosts"].get(r, b"") for r in range(size)]
+    world = World(worker, spec.rank, size, addresses, hosts, members=rec["members"],
+                  cid=rec["cid"], lives=rec["lives"])
+    world.joined_cursor = rec["cursor"]
+    world.comm._group.origin_size = len(rec["members"])
+    if spec.source == "ucxcomm":
+        _install_task_dump(spec.rank)
+    await watch_peers(world, client, None, host_rank=None, timeout=deadline.left() or 0.0,
+                      joined=True)
+    for r, quiet, life_ in deaths:  # (deaths reported while it waited)
+        world.peer_failed(r, quiet, life_)
+    assert spec.host is not None and spec.port is not None
+    from .status import serve
+
+    serve(world, spec.host, spec.port, spec.token)
+    log.debug("rank %d: joined the running job as rank %d of %d", spec.rank,
+              world.comm.rank, world.comm.size)
+    return world
+
+
 async def watch_peers(world: World, client: StoreClient, server: StoreServer | None, *,
-                      host_rank: int | None, timeout: float) -> None:
+                      host_rank: int | None, timeout: float, joined: bool = False) -> None:
     """Make ``client``'s store connection ``world``'s liveness watch.
 
     Joins the store as ``world.rank``: when another joined rank drops without leaving,
     what waits on it fails with ``PeerFailure``. ``host_rank`` is the rank whose process
     serves the store (None: the launcher does); losing the store means that rank died.
     Closing the world leaves the store, and a hosting rank (``server``) serves it until
-    the others have left too (bounded), then closes it.
+    the others have left too (bounded), then closes it. ``joined``: the client joined
+    already (a replacement joins before it is admitted).
     """
     rank, size = world.rank, world.size
     client.on_dead = world.peer_failed
@@ -372,8 +435,10 @@ async def watch_peers(world: World, client: StoreClient, server: StoreServer | N
                 world.peer_failed(r)
 
     client.on_lost = lost
-    for r in await client.join(rank, timeout):
-        world.peer_failed(r)
+    if not joined:
+        await client.join(rank, timeout)
+    for r, life in client.dead_lives:
+        world.peer_failed(r, life=life)
 
     async def leave() -> None:
         await client.leave()

@@ -12,7 +12,11 @@ With ``elastic=True`` (``ucxcomm run --elastic``) a rank's failure does not end 
 the others go on (the store tells them; ``Comm.shrink``, docs/elastic.md). The job's
 exit code is then the survivors': the first nonzero exit code of a rank that ended by
 exiting, 0 when all of those exited 0; a rank ended by a signal is a casualty, not a
-survivor (if every rank was, the code is the first one's, 128+signal).
+survivor (if every rank was, the code is the first one's, 128+signal). With
+``max_restarts=K`` (``--max-restarts K``) a rank that fails is started again, at most K
+times per rank, with ``UCXCOMM_RESTART_COUNT`` set to its restarts so far (like
+torchrun's ``TORCHELASTIC_RESTART_COUNT``): its ``init()`` then waits until the running
+job admits it (``Comm.grow``); the rank's last process is what counts for the exit code.
 
 With ``bind="core"`` (``ucxcomm run --bind-to core``) rank *r* may run only on the *r*-th
 of the launcher's CPUs (round robin when ranks outnumber them; one logical CPU each, so on
@@ -38,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from ..comm import trace
 from .ports import free_port
@@ -70,10 +75,14 @@ def _command(argv: Sequence[str]) -> list[str]:
 
 class _Job:
     def __init__(self, nprocs: int, argv: Sequence[str], tag_output: bool,
-                 timeout: float | None, bind: str = "none", elastic: bool = False) -> None:
+                 timeout: float | None, bind: str = "none", elastic: bool = False,
+                 max_restarts: int = 0) -> None:
         self.nprocs, self.cmd = nprocs, _command(argv)
         self.elastic = elastic
+        self.max_restarts = max_restarts
+        self.restarts = [0] * nprocs
         self.returncodes: dict[int, int] = {}
+        self.spawn: Any = None  # (rank, restart count) -> the started process, or None
         self.tag_output, self.timeout = tag_output, timeout
         self.cores = core_binding(nprocs) if bind == "core" else None
         self.procs: list[asyncio.subprocess.Process] = []
@@ -129,9 +138,18 @@ class _Job:
         rc = await proc.wait()
         self.returncodes[rank] = rc
         if self.elastic:
-            if rc != 0 and not self.stopping:
+            while rc != 0 and not self.stopping:
                 how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
-                self._say(f"rank {rank} failed ({how}); the others go on (--elastic)")
+                if self.restarts[rank] >= self.max_restarts:
+                    self._say(f"rank {rank} failed ({how}); the others go on (--elastic)")
+                    return
+                self.restarts[rank] += 1
+                self._say(f"rank {rank} failed ({how}); restarting it (restart "
+                          f"{self.restarts[rank]} of {self.max_restarts})")
+                proc = await self.spawn(rank, self.restarts[rank])
+                if proc is None:
+                    return
+                rc = self.returncodes[rank] = await proc.wait()
             return
         if rc != 0 and self.code is None and not self.stopping:
             self.code = _exit_code(rc)
@@ -185,9 +203,10 @@ class _Job:
             # ignored the SIGINT it forwards (every Ctrl-C waited for the 5 s SIGKILL).
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, on_signal, sig)
-            for rank in range(self.nprocs):
+            async def spawn(rank: int, restart: int) -> asyncio.subprocess.Process | None:
                 env = dict(base, UCXCOMM_RANK=str(rank), UCXCOMM_LOCAL_RANK=str(rank),
-                           RANK=str(rank), LOCAL_RANK=str(rank))
+                           RANK=str(rank), LOCAL_RANK=str(rank),
+                           UCXCOMM_RESTART_COUNT=str(restart))
                 saved = None
                 if self.cores is not None:
                     core = self.cores[rank]
@@ -204,16 +223,25 @@ class _Job:
                     self._say(f"cannot start {self.cmd[0]!r}: {exc}")
                     self.code = 127
                     await self.stop()
-                    return 127
+                    return None
                 finally:
                     if saved is not None:
                         os.sched_setaffinity(0, saved)
-                self.procs.append(proc)
+                if rank < len(self.procs):
+                    self.procs[rank] = proc
+                else:
+                    self.procs.append(proc)
                 assert proc.stdout is not None and proc.stderr is not None
                 self.pumps.append(asyncio.ensure_future(
                     self._pump(proc.stdout, rank, sys.stdout)))
                 self.pumps.append(asyncio.ensure_future(
                     self._pump(proc.stderr, rank, sys.stderr)))
+                return proc
+
+            self.spawn = spawn
+            for rank in range(self.nprocs):
+                if await spawn(rank, 0) is None:
+                    return 127
 
             watchers = [asyncio.ensure_future(self._watch(r, p))
                         for r, p in enumerate(self.procs)]
@@ -280,14 +308,19 @@ def _make_job_dir(cmd: Sequence[str], nprocs: int) -> str | None:
 
 
 def run_job(nprocs: int, argv: Sequence[str], *, tag_output: bool = False,
-            timeout: float | None = None, bind: str = "none", elastic: bool = False) -> int:
+            timeout: float | None = None, bind: str = "none", elastic: bool = False,
+            max_restarts: int = 0) -> int:
     """Run ``argv`` as ``nprocs`` ranks on this machine; returns the job's exit code.
     ``bind``: ``"none"`` (the default) or ``"core"`` (one core per rank, see the module
-    doc). ``elastic``: a rank's failure does not end the job (module doc)."""
+    doc). ``elastic``: a rank's failure does not end the job; ``max_restarts``: with
+    ``elastic``, how many times a failed rank is started again (module doc)."""
+    if max_restarts < 0 or (max_restarts and not elastic):
+        raise ValueError("max_restarts must be >= 0, and needs elastic")
     if nprocs < 1:
         raise ValueError(f"-n must be >= 1, got {nprocs}")
     if not argv:
         raise ValueError("no program to run")
     if bind not in BIND_CHOICES:
         raise ValueError(f"bind must be one of {BIND_CHOICES}, got {bind!r}")
-    return asyncio.run(_Job(nprocs, argv, tag_output, timeout, bind, elastic).run())
+    return asyncio.run(_Job(nprocs, argv, tag_output, timeout, bind, elastic,
+                            max_restarts).run())

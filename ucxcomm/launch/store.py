@@ -84,10 +84,17 @@ def _ranks_field(msg: dict, name: str) -> list[int]:
 class _Decision:
     """One open ``decide``: its members, the values sent so far, who waits."""
 
-    __slots__ = ("members", "values", "waiters")
+    __slots__ = ("gone", "lives", "members", "values", "waiters")
 
-    def __init__(self, members: frozenset[int]) -> None:
+    def __init__(self, members: frozenset[int], lives: dict[int, int], gone: set[int]
+                 ) -> None:
         self.members = members
+        #: Which life of each member's rank the decision is among (a replacement that
+        #: joined since is another member, of later decisions).
+        self.lives = lives
+        #: The members gone since the decision opened (or before): a rank that joins
+        #: again later (a replacement) is a new member of later decisions, not of this.
+        self.gone = gone
         self.values: dict[int, str] = {}
         self.waiters: list[tuple[asyncio.StreamWriter, Any]] = []
 
@@ -144,6 +151,10 @@ class StoreServer:
         self._unauthenticated = 0
         self._exiting: set[asyncio.StreamWriter] = set()
         self._decisions: dict[str, _Decision] = {}
+        #: How many times each rank joined: a replacement's life is its predecessor's
+        #: plus one, and every death event names the life that ended.
+        self._lives: dict[int, int] = {}
+        self._life_of: dict[asyncio.StreamWriter, int] = {}
 
     @property
     def port(self) -> int:
@@ -176,18 +187,20 @@ class StoreServer:
                 async with asyncio.timeout(max(0.0, deadline - loop.time())):
                     await fut
 
-    def _notify_gone(self) -> None:
+    def _notify_gone(self, rank: int, life: int | None) -> None:
         waiters, self._gone_waiters = self._gone_waiters, []
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
-        for key in list(self._decisions):
-            self._try_decide(key)
+        for key, d in list(self._decisions.items()):
+            if rank in d.members and d.lives[rank] == life:
+                d.gone.add(rank)
+                self._try_decide(key)
 
     def _try_decide(self, key: str) -> None:
         """Answer decision ``key`` once every member has sent its value or is gone."""
         d = self._decisions[key]
-        gone = d.members & (set(self.dead) | set(self.left))
+        gone = d.gone
         if not d.members <= gone | d.values.keys():
             return
         del self._decisions[key]
@@ -252,14 +265,16 @@ class StoreServer:
             exiting = writer in self._exiting
             self._exiting.discard(writer)
             rank = self._ranks.pop(writer, None)
+            life = self._life_of.pop(writer, None)
             if rank is not None and not stopping:
                 self.dead.append(rank)
                 log.info("store: rank %d disconnected without leaving", rank)
-                event = _encode({"event": "exited" if exiting else "dead", "rank": rank})
+                event = _encode({"event": "exited" if exiting else "dead", "rank": rank,
+                                 "life": life})
                 for w in list(self._clients):
                     with contextlib.suppress(Exception):
                         w.write(event)
-                self._notify_gone()
+                self._notify_gone(rank, life)
             writer.close()
             if not stopping:
                 # Retrieve how the connection ended (a reset client: ConnectionResetError).
@@ -308,8 +323,16 @@ class StoreServer:
                 writer.write(_encode({"id": rid, "ok": False,
                                       "error": f"rank {rank} has already joined"}))
             else:
+                if writer not in self._ranks:  # (a second join on one connection: no-op)
+                    # A rank joining again is its replacement: alive from now on.
+                    self.dead[:] = [r for r in self.dead if r != rank]
+                    self.left[:] = [r for r in self.left if r != rank]
+                    self._lives[rank] = self._lives.get(rank, 0) + 1
+                    self._life_of[writer] = self._lives[rank]
                 self._ranks[writer] = rank
-                writer.write(_encode({"id": rid, "ok": True, "dead": self.dead}))
+                writer.write(_encode({
+                    "id": rid, "ok": True, "dead": self.dead, "life": self._life_of[writer],
+                    "dead_lives": [[r, self._lives.get(r, 1)] for r in self.dead]}))
         elif op == "notify":
             to = set(_ranks_field(msg, "to"))
             sender = self._ranks.get(writer)
@@ -330,27 +353,37 @@ class StoreServer:
             self._exiting.add(writer)
         elif op == "leave":
             gone = self._ranks.pop(writer, None)
+            life = self._life_of.pop(writer, None)
             if gone is not None:
                 self.left.append(gone)
-                self._notify_gone()
+                self._notify_gone(gone, life)
             writer.write(_encode({"id": rid, "ok": True}))
         else:
             writer.write(_encode({"id": rid, "ok": False, "error": f"unknown op {op!r}"}))
 
     def _decide(self, msg: dict, rid: Any, writer: asyncio.StreamWriter) -> None:
         key, value = msg["key"], msg["value"]
-        members = frozenset(_ranks_field(msg, "members"))
+        ranks = _ranks_field(msg, "members")
+        members = frozenset(ranks)
+        given = msg.get("lives")
+        if given is None:  # (the lives holding the ranks now)
+            lives = {m: self._lives.get(m, 1) for m in members}
+        elif (isinstance(given, list) and len(given) == len(ranks)
+              and all(type(x) is int and x >= 1 for x in given)):
+            lives = dict(zip(ranks, given, strict=True))
+        else:
+            raise _BadFrame("decide: lives must list one life (an int >= 1) per member")
         rank = self._ranks.get(writer)
         error = None
         if len(key) > MAX_DECISION_KEY or len(value) > MAX_NOTICE:
             raise _BadFrame(f"decide: a key of at most {MAX_DECISION_KEY} and a value of "
                             f"at most {MAX_NOTICE} characters")
         d = self._decisions.get(key)
-        if rank is None or rank not in members:
+        if rank is None or rank not in members or lives[rank] != self._life_of.get(writer):
             error = "decide: only a joined rank among the members may take part"
         elif d is None and len(self._decisions) >= MAX_OPEN_DECISIONS:
             error = f"decide: {MAX_OPEN_DECISIONS} decisions are open already"
-        elif d is not None and d.members != members:
+        elif d is not None and (d.members != members or d.lives != lives):
             error = f"decide {key!r}: the members differ from another rank's"
         elif d is not None and rank in d.values:
             error = f"decide {key!r}: rank {rank} has taken part already"
@@ -358,7 +391,11 @@ class StoreServer:
             writer.write(_encode({"id": rid, "ok": False, "error": error}))
             return
         if d is None:
-            d = self._decisions[key] = _Decision(members)
+            ended = set(self.dead) | set(self.left)
+            gone = {m for m in members
+                    if self._lives.get(m, 0) > lives[m]
+                    or (self._lives.get(m, 0) == lives[m] and m in ended)}
+            d = self._decisions[key] = _Decision(members, lives, gone)
         d.values[rank] = value
         d.waiters.append((writer, rid))
         self._try_decide(key)
@@ -375,10 +412,12 @@ class StoreServer:
 class StoreClient:
     """Client of :class:`StoreServer`. Create with :meth:`connect`.
 
-    ``on_dead(rank, quiet)`` is called (on the event loop) when the store reports that a
-    joined rank dropped without leaving (``quiet``: its process announced that it was
-    exiting, so it did not crash silently). ``on_lost(closing)`` when the connection to
-    the store drops (``closing``: the store said it was shutting down).
+    ``on_dead(rank, quiet, life)`` is called (on the event loop) when the store reports
+    that a joined rank dropped without leaving (``quiet``: its process announced that it
+    was exiting, so it did not crash silently; ``life``: which of the rank's joins ended,
+    1 for the first: a replacement's is its predecessor's plus one). ``on_lost(closing)``
+    when the connection to the store drops (``closing``: the store said it was shutting
+    down).
     """
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -387,7 +426,11 @@ class StoreClient:
         self.address = address
         self._next = 0
         self._pending: dict[int, asyncio.Future] = {}
-        self.on_dead: Callable[[int, bool], None] | None = None
+        self.on_dead: Callable[[int, bool, int | None], None] | None = None
+        #: After :meth:`join`: this connection's life as its rank (1: the rank's first
+        #: join), and ``(rank, life)`` of the ranks dead then.
+        self.life = 0
+        self.dead_lives: list[tuple[int, int]] = []
         self.on_lost: Callable[[bool], None] | None = None
         #: Called with ``(sender rank, value)`` for each notice relayed to this rank.
         self.on_notice: Callable[[int, str], None] | None = None
@@ -451,7 +494,9 @@ class StoreClient:
                 if "event" in msg:
                     event = msg["event"]
                     if event in ("dead", "exited") and self.on_dead is not None:
-                        self.on_dead(int(msg["rank"]), event == "exited")
+                        life = msg.get("life")
+                        self.on_dead(int(msg["rank"]), event == "exited",
+                                     life if type(life) is int else None)
                     elif event == "closing":
                         self._store_closing = True
                     elif (event == "notice" and self.on_notice is not None
@@ -516,6 +561,13 @@ class StoreClient:
     async def join(self, rank: int, timeout: float | None = 60.0) -> list[int]:
         """Register this connection as ``rank``'s liveness watch; returns ranks already dead."""
         reply = await self._call({"op": "join", "rank": rank}, timeout)
+        life = reply.get("life")
+        self.life = life if type(life) is int else 1
+        pairs = reply.get("dead_lives")
+        self.dead_lives = [(p[0], p[1]) for p in pairs
+                           if isinstance(p, list) and len(p) == 2
+                           and type(p[0]) is int and type(p[1]) is int] \
+            if isinstance(pairs, list) else []
         return [int(r) for r in reply.get("dead", [])]
 
     def notify(self, to: list[int], value: str) -> None:
@@ -525,12 +577,17 @@ class StoreClient:
             self._writer.write(_encode({"op": "notify", "to": to, "value": value}))
 
     async def decide(self, key: str, members: list[int], value: str,
-                     timeout: float | None) -> tuple[dict[int, str], list[int]]:
+                     timeout: float | None, lives: list[int] | None = None
+                     ) -> tuple[dict[int, str], list[int]]:
         """Take part in decision ``key`` among ``members`` (this rank one of them) with
         ``value``: ``({rank: value} of the members alive when it was decided, [the
-        members gone])``, the same for every member that gets an answer."""
-        reply = await self._call({"op": "decide", "key": key, "members": members,
-                                  "value": value}, timeout)
+        members gone])``, the same for every member that gets an answer. ``lives``: which
+        life of each member's rank (default: the ones holding them now)."""
+        msg: dict[str, Any] = {"op": "decide", "key": key, "members": members,
+                               "value": value}
+        if lives is not None:
+            msg["lives"] = lives
+        reply = await self._call(msg, timeout)
         values, dead = reply.get("values"), reply.get("dead")
         if not isinstance(values, dict) or not isinstance(dead, list):
             raise BootstrapError(f"bootstrap store {self.address}: a malformed decision")

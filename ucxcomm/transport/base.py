@@ -283,6 +283,11 @@ class Transport(ABC):
         """Declare ``peer`` gone: its pending and later operations fail."""
 
     @abstractmethod
+    def forget_peer(self, peer: Any) -> None:
+        """Drop what :meth:`fail_peer` recorded about ``peer`` (a replacement now holds
+        its label, or nothing will name it again)."""
+
+    @abstractmethod
     def revoke_tags(self, value: int, mask: int, make_err: Callable[[], BaseException]
                     ) -> int:
         """Fail every pending operation whose tag holds ``value`` under ``mask`` (a
