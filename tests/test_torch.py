@@ -1,7 +1,8 @@
 """The torch.distributed backend (``import ucxcomm.torch``; ``init_process_group("ucxcomm")``)
 through real processes: every op against gloo on the same inputs at 2 and 3 ranks, under
-``ucxcomm run`` and torchrun's variables; DDP against gloo; a killed rank; timeouts; the
-example under ``torchrun`` and ``ucxcomm run``.
+``ucxcomm run`` and torchrun's variables; DDP against gloo; a killed rank; timeouts;
+``shrink_group`` after deaths (DDP going on) and without one, under ``ucxcomm run
+--elastic``; the example under ``torchrun`` and ``ucxcomm run``.
 
 Needs torch (the ``torch`` extra, which CI installs).
 """
@@ -21,6 +22,7 @@ torch = pytest.importorskip("torch", reason="the torch backend needs torch ('ucx
 
 ROOT = Path(__file__).resolve().parent.parent
 PROG = str(ROOT / "tests" / "spmd" / "torch_prog.py")
+ELASTIC_PROG = str(ROOT / "tests" / "spmd" / "torch_elastic_prog.py")
 EXAMPLE = str(ROOT / "examples" / "torch_ddp.py")
 _TAIL = 6000
 
@@ -164,6 +166,76 @@ def test_timeout_from_init_process_group():
     WorkTimeoutError after about 8 s instead of hanging."""
     run_ranks([[sys.executable, PROG, "timeout"]] * 2, _torchrun_envs(2),
               "TORCH-OK timeout rank {rank}", timeout=90)
+
+
+def _elastic(scenario: str) -> str:
+    """Run scenario ``scenario`` of torch_elastic_prog.py on 3 ranks under ``ucxcomm run
+    --elastic`` (a death does not end the job; its exit code is the survivors'): the
+    job must succeed without a traceback. Returns its output."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "ucxcomm.cli", "run", "--elastic", "-n", "3", "--tag-output",
+         "--timeout", "90", sys.executable, ELASTIC_PROG, scenario],
+        capture_output=True, text=True, timeout=120, env=clean_env(), cwd=ROOT,
+        stdin=subprocess.DEVNULL)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-_TAIL:]}"
+    assert "Traceback" not in out, out[-_TAIL:]
+    return out
+
+
+def test_shrink_group_after_kills_ddp_goes_on():
+    """Rank 1 kills itself (SIGKILL) between DDP steps: the survivors' next all_reduce
+    (and DDP step) raises PeerFailureError; ``dist.shrink_group([1])`` gives ranks 0
+    and 2 a default group of 2 (2 renumbered 1), where all_reduce sums their values
+    and a new DDP's parameters match a one-process reference and are equal on both.
+    Then the rank that started as 2 dies: rank 0 hears that its rank 1 died, and
+    shrinks again, to itself."""
+    out = _elastic("kill")
+    assert "rank 1 failed (signal 9); the others go on" in out, out[-_TAIL:]
+    assert "rank 2 failed (signal 9); the others go on" in out, out[-_TAIL:]
+    for r, now in ((0, 0), (2, 1)):
+        assert f"[{r}] RAISED rank {r}: ucxcomm allreduce: rank 1 died" in out, out[-_TAIL:]
+        assert f"[{r}] SHRUNK rank {r}: now rank {now} of 2" in out, out[-_TAIL:]
+        assert f"[{r}] DDP rank {r}: 5 steps on 2 ranks match the reference" in out, \
+            out[-_TAIL:]
+    assert "[0] RAISED AGAIN rank 0: ucxcomm allreduce: rank 1 of this group (rank 2 " \
+        "before shrink_group renumbered it)" in out, out[-_TAIL:]
+    assert "[0] ALONE rank 0" in out and "[0] SHRINK-OK kill rank 0" in out, out[-_TAIL:]
+
+
+def test_shrink_group_arguments_and_a_leaving_rank():
+    """Without a death: what torch refuses (an empty list, a rank out of range, a
+    duplicate, the caller's own rank, a tuple, bad flags) and what ucxcomm refuses
+    (pg_options without a timeout, rank 0, which serves the liveness store) raise at
+    the call and change nothing; so does a shrink_group all three take part in, each
+    excluding another (ShrinkMismatchError, none gone). Then rank 2 leaves
+    (destroy_process_group); ranks 0 and 1 pass different lists ([1] and [2]): both
+    raise ShrinkMismatchError naming [2], and shrink_group([2], SHRINK_ABORT) then
+    shrinks the group to them."""
+    out = _elastic("args")
+    for r in range(3):
+        assert f"[{r}] NONE GONE rank {r}" in out, out[-_TAIL:]
+    assert "[2] LEFT rank 2" in out, out[-_TAIL:]
+    for r, mine in ((0, [1]), (1, [2])):
+        assert f"[{r}] MISMATCH rank {r}: ucxcomm shrink_group: the survivors agree that " \
+            f"rank 2 is gone, and not every survivor excluded exactly those (this rank " \
+            f"excluded {mine}); no group was made: call shrink_group([2])" in out, out[-_TAIL:]
+        assert f"[{r}] SHRUNK rank {r}: now rank {r} of 2" in out, out[-_TAIL:]
+    for r in range(3):
+        assert f"[{r}] SHRINK-OK args rank {r}" in out, out[-_TAIL:]
+
+
+def test_shrink_group_times_out_while_an_excluded_rank_stays():
+    """Without a death: ranks 0 and 1 exclude rank 2, which stays alive and does not
+    leave. Their shrink_group, bounded by pg_options' 3 s timeout, raises
+    WorkTimeoutError saying that rank 2 is still alive; the group is unusable then."""
+    out = _elastic("timeout")
+    for r in (0, 1):
+        assert f"[{r}] TIMED-OUT rank {r} after" in out, out[-_TAIL:]
+        assert "no decision within 3 s: excluded rank 2 is still alive" in out, out[-_TAIL:]
+    assert "[2] RELEASED rank 2" in out, out[-_TAIL:]
+    for r in range(3):
+        assert f"[{r}] SHRINK-OK timeout rank {r}" in out, out[-_TAIL:]
 
 
 def test_example_under_ucxcomm_run():

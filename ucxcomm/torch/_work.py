@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 from ..errors import CommTimeoutError, PeerFailure, UcxCommError
 
-__all__ = ["LoopThread", "PeerFailureError", "Work", "WorkError", "WorkTimeoutError",
-           "loop_thread", "release_loop_thread"]
+__all__ = ["LoopThread", "PeerFailureError", "ShrinkMismatchError", "Work", "WorkError",
+           "WorkTimeoutError", "loop_thread", "release_loop_thread"]
 
 
 class WorkError(UcxCommError, dist.DistBackendError):
@@ -32,6 +32,24 @@ class PeerFailureError(PeerFailure, WorkError):
 
 class WorkTimeoutError(CommTimeoutError, WorkError):
     """An operation did not complete within the group's (or the call's) timeout."""
+
+
+class ShrinkMismatchError(WorkError, ValueError):
+    """``shrink_group``'s ``ranks_to_exclude`` differ from the ranks the survivors
+    agreed are gone (on this rank or on another survivor), or a survivor died during
+    it. Raised on every survivor alike; no group was made: the group is still the one
+    shrink_group was given, and ``shrink_group(exc.gone)`` on every survivor shrinks it.
+
+    Attributes
+    ----------
+    gone : list of int
+        The group ranks the survivors agreed are gone, sorted (empty: every member took
+        part, none is gone).
+    """
+
+    def __init__(self, message: str, gone: list[int]) -> None:
+        super().__init__(message)
+        self.gone = gone
 
 
 def translate(exc: BaseException, what: str) -> BaseException:

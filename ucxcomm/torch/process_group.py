@@ -33,11 +33,13 @@ from ..errors import CommTimeoutError, PeerFailure, UnsupportedError
 from ._bootstrap import form_world
 from ._work import (
     PeerFailureError,
+    ShrinkMismatchError,
     Work,
     WorkError,
     WorkTimeoutError,
     loop_thread,
     release_loop_thread,
+    translate,
 )
 
 __all__ = ["BACKEND_NAME", "ProcessGroupUCXComm", "create_process_group"]
@@ -55,10 +57,16 @@ _INTEGRAL = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torc
 _REDUCIBLE = (*_INTEGRAL, torch.float16, torch.float32, torch.float64, torch.complex64,
               torch.complex128)
 _GRACE_S = 30.0  # a plain Work.wait() waits the operation's timeout plus this
+_AGREE_MIN_S = 10.0  # shrink: its closing agreement's least timeout
 #: Largest operation (bytes of its tensors) that runs on the caller's thread when the
 #: loop is idle (ProcessGroupUCXComm._inline); larger ones always go to the loop thread,
 #: where they overlap the caller's computation (DDP's buckets: the backward pass).
 INLINE_MAX = 64 << 10
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """``rank 2`` / ``ranks 1, 2``."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _seconds(timeout: Any) -> float | None:
@@ -250,22 +258,48 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
         self._timeout = _seconds(timeout) or 1800.0
         self._lt = loop_thread()
         try:
-            self._world = form_world(self._lt, store, rank, size, self._timeout)
+            world = form_world(self._lt, store, rank, size, self._timeout)
         except BaseException:
             release_loop_thread(self._lt)  # (the last user: the thread ends)
             raise
-        self._comm = self._world.comm
+        self._attach(world, world.comm)
+
+    @classmethod
+    def _successor(cls, parent: ProcessGroupUCXComm, comm: _c.Comm,
+                   timeout: float) -> ProcessGroupUCXComm:
+        """The group :meth:`shrink` returns: ``comm`` (the survivors' communicator, on
+        ``parent``'s world, whose ownership passes to it) as a process group."""
+        self = cls.__new__(cls)
+        dist.ProcessGroup.__init__(self, comm.rank, comm.size)  # type: ignore[call-arg]
+        self._rank, self._size = comm.rank, comm.size
+        self._timeout = timeout
+        self._lt = loop_thread()
+        self._attach(parent._world, comm)
+        return self
+
+    def _attach(self, world: _c.World, comm: _c.Comm) -> None:
+        self._world = world
+        self._comm = comm
         # Our calls progress the worker themselves (_inline): incoming traffic between
         # them must not wake the loop thread (it would take the loop, and the GIL, from
         # the next call).
-        self._world.worker.set_idle_watch(False)
+        world.worker.set_idle_watch(False)
         self._broken: BaseException | None = None
         self._closed = False
+        #: Whether closing this group closes the world (False once shrink handed it on).
+        self._owns_world = True
+        self._shrunk = False  # (shrink_group replaced this group)
+        self._shrink_failed: BaseException | None = None  # (timed out, store gone)
         self._collecting = threading.local()
         # Operations running on the loop: work -> (task, whether it needs every member).
         self._inflight: dict[Work, tuple[asyncio.Task, bool]] = {}
-        self._world.failure_listeners.append(self._peer_died)
+        world.failure_listeners.append(self._peer_died)
         self._lt.add_closer(self._close)
+        dead = comm.failed()  # (a member that died before the listener was in place)
+        if dead:
+            r = min(dead)
+            self._broken = PeerFailureError(f"rank {r} died or left the job without "
+                                            "closing", peer=r)
 
     # ------------------------------------------------------------ identity
     def getBackendName(self) -> str:
@@ -292,6 +326,10 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
 
     # --------------------------------------------------------- machinery
     def _check_open(self, what: str, collective: bool = True) -> None:
+        if self._shrunk:
+            raise WorkError(f"ucxcomm {what}: this process group was replaced by "
+                            "shrink_group; use the group it returned (the default group, "
+                            "when the default group was shrunk)")
         if self._closed:
             raise WorkError(f"ucxcomm {what}: the process group was shut down")
         if self._broken is not None and collective:
@@ -363,6 +401,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
             work.finish(source=stop.value.source if source else -1)
             return
         except Exception as exc:
+            exc = self._in_group(exc, work.what)
             if isinstance(exc, PeerFailure) and self._broken is None:
                 self._broken = exc  # (as _drive does)
             work.finish(exc)
@@ -381,18 +420,40 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                 torch.cuda.set_device(device)
             aw = start()
         except Exception as exc:
-            work.finish(exc)
+            work.finish(self._in_group(exc, work.what))
             return
         task = self._lt.loop.create_task(self._drive(work, aw, timeout, source))
         self._inflight[work] = (task, collective)
 
-    def _peer_died(self, rank: int) -> None:
+    def _in_group(self, exc: Exception, what: str) -> Exception:
+        """``exc`` as this group's members see it: ucxcomm's failures name ranks of
+        its world, which are this group's own until shrink_group renumbers them."""
+        if not isinstance(exc, PeerFailure) or isinstance(exc, PeerFailureError) or \
+                self._comm is self._world.comm or exc.peer is None:
+            return exc
+        members = self._comm.group.members
+        if exc.peer not in members:  # (not a member of this group: no rank in it)
+            return PeerFailureError(f"ucxcomm {what}: {exc} (not a member of this group, "
+                                    "shrunk without it)", peer=None)
+        rank = members.index(exc.peer)
+        new = PeerFailureError(f"ucxcomm {what}: rank {rank} of this group (rank "
+                               f"{exc.peer} before shrink_group renumbered it): {exc}",
+                               peer=rank)
+        new.__cause__ = exc
+        return new
+
+    def _peer_died(self, world_rank: int) -> None:
         """A member died (the liveness store said so; on the loop): every collective in
         flight fails now naming it, since none can complete without it, even on ranks
         whose algorithm waits on another member rather than on the dead one; the group
-        takes no more collectives. Point-to-point operations with live ranks go on."""
+        takes no more collectives. Point-to-point operations with live ranks go on.
+        (``world_rank``: its rank in the world, which a shrunk group's ranks are not.)"""
         from ..transport.worker import PEER_GRACE_S
 
+        members = self._comm.group.members
+        if world_rank not in members:
+            return  # (gone before this group was shrunk to its survivors)
+        rank = members.index(world_rank)
         exc = PeerFailureError(f"rank {rank} died or left the job without closing",
                                peer=rank)
         if self._broken is None:
@@ -420,6 +481,7 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
             self._inflight.pop(work, None)
             raise
         except Exception as exc:
+            exc = self._in_group(exc, work.what)
             if isinstance(exc, CommTimeoutError):
                 exc = WorkTimeoutError(str(exc))
             if isinstance(exc, (WorkTimeoutError, PeerFailure)) and self._broken is None:
@@ -899,11 +961,193 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
                             lambda: self._comm.Irecv(buf, _c.ANY_SOURCE, tag), keep=buf,
                             source=True, cuda=[t])
 
+    # ============================================================ shrinking
+    #: torch.distributed.shrink_group asks the group's backend (here: the group itself).
+    supports_shrinking = True
+
+    def shrink(self, ranks_to_exclude: Sequence[int], shrink_flags: int = 0,
+               opts_override: Any = None) -> ProcessGroupUCXComm:
+        """The group of the survivors: ``torch.distributed.shrink_group(ranks_to_exclude,
+        group, shrink_flags, pg_options)`` calls it on every rank not excluded, and
+        makes what it returns the group (the default one, when it shrank that).
+
+        The survivors agree on who is gone (ucxcomm's ``Comm.shrink``: the members alive
+        when it is decided, old-rank order, the same endpoints), then check together
+        that ``ranks_to_exclude`` are exactly those ranks, on every survivor: a rank
+        excluded by torch is gone from the group, and a rank kept is alive in it. An
+        excluded rank that is still alive must leave (exit, or
+        ``destroy_process_group()``) for the decision to be taken. This group is
+        replaced: its operations still in flight fail; the new one takes no
+        collective that was issued on this one. See docs/torch.md, "Surviving a death".
+
+        Parameters
+        ----------
+        ranks_to_exclude : sequence of int
+            Ranks of this group that are gone (dead, or leaving).
+        shrink_flags : int
+            ``dist.SHRINK_DEFAULT`` (0), or ``dist.SHRINK_ABORT`` (1): revoke this group
+            first, so that every member's pending operations on it fail at once
+            (``ucxcomm.Revoked``, as a ``WorkError``), the excluded ranks' included.
+        opts_override : object, optional
+            torch's ``pg_options``: None (the new group keeps this one's timeout), or
+            options with a ``_timeout`` (a ``timedelta``; e.g.
+            ``torch._C._distributed_c10d.Backend.Options("ucxcomm", timeout)``), which
+            bounds the shrink and becomes the new group's timeout.
+
+        Returns
+        -------
+        ProcessGroupUCXComm
+            The survivors' group, ranks in their old order.
+
+        Raises
+        ------
+        ShrinkMismatchError
+            The survivors agreed that other ranks are gone than ``ranks_to_exclude``
+            (on this rank or another), or a survivor died during the shrink; raised on
+            every survivor, no group made (``exc.gone``: the ranks to exclude).
+        WorkTimeoutError
+            The survivors could not decide within the timeout: an excluded rank
+            still alive did not leave, or a survivor did not call shrink_group. The
+            group is unusable afterwards.
+        PeerFailureError
+            The group's liveness store, which the decision needs, is gone (its rank
+            0 died).
+        UnsupportedError
+            ``ranks_to_exclude`` has rank 0, which serves the group's liveness store.
+        ValueError, TypeError
+            Bad arguments, raised before anything moves.
+        """
+        what = "shrink_group"
+        if self._closed or self._shrunk:
+            raise WorkError(f"ucxcomm {what}: the process group was "
+                            f"{'shrunk already' if self._shrunk else 'shut down'}")
+        excluded = self._excluded(ranks_to_exclude, what)
+        if shrink_flags not in (0, 1) or type(shrink_flags) is not int:
+            raise ValueError(f"ucxcomm {what}: shrink_flags {shrink_flags!r} is neither "
+                             "SHRINK_DEFAULT (0) nor SHRINK_ABORT (1)")
+        timeout = self._timeout
+        if opts_override is not None:
+            limit = getattr(opts_override, "_timeout", None)
+            if not isinstance(limit, timedelta):
+                raise TypeError(f"ucxcomm {what}: pg_options must be None or options with "
+                                f"a timedelta _timeout, got {type(opts_override).__name__}")
+            timeout = _seconds(limit) or timeout
+        if 0 in excluded:
+            raise UnsupportedError(
+                f"ucxcomm {what}: rank 0 cannot be excluded: it serves the group's liveness "
+                "store (and, under torchrun or ucxcomm run, torch's own store), which the "
+                "survivors need to agree; its death ends the group")
+        if self._shrink_failed is not None:
+            raise WorkError(f"ucxcomm {what}: the group is unusable after an earlier "
+                            f"shrink_group failed: {self._shrink_failed}"
+                            ) from self._shrink_failed
+        try:
+            comm = self._lt.run(self._shrink_comm(excluded, timeout, bool(shrink_flags)),
+                                timeout + _AGREE_MIN_S + _GRACE_S)
+        except ShrinkMismatchError:
+            raise
+        except (CommTimeoutError, TimeoutError) as exc:
+            alive = sorted(set(excluded) - self._comm.failed())
+            err = WorkTimeoutError(
+                f"ucxcomm {what}: no decision within {timeout:g} s: "
+                + (f"excluded {_ranks(alive)} {'are' if len(alive) > 1 else 'is'} still "
+                   "alive (an excluded rank must exit or call destroy_process_group()), "
+                   "or " if alive else "")
+                + "a survivor did not call shrink_group; the group is unusable now")
+            self._fail_shrink(err)
+            raise err from exc
+        except Exception as exc:
+            failure = translate(exc, what)  # (the store gone: PeerFailureError)
+            if isinstance(failure, WorkError):
+                self._fail_shrink(failure)
+            raise failure from exc
+        successor = ProcessGroupUCXComm._successor(self, comm, timeout)
+        self._hand_over()
+        return successor
+
+    def _excluded(self, ranks: Any, what: str) -> list[int]:
+        """``ranks_to_exclude`` checked (torch checks them too, before calling us)."""
+        if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
+            raise TypeError(f"ucxcomm {what}: ranks_to_exclude must be a list of ranks, "
+                            f"got {type(ranks).__name__}")
+        excluded = sorted({self._peer(r, what) for r in ranks})
+        if len(excluded) != len(ranks) or not excluded:
+            raise ValueError(f"ucxcomm {what}: ranks_to_exclude {list(ranks)} must name "
+                             "each rank once, at least one")
+        if self._rank in excluded:
+            raise ValueError(f"ucxcomm {what}: this rank ({self._rank}) is excluded; an "
+                             "excluded rank does not call shrink_group")
+        return excluded
+
+    async def _shrink_comm(self, excluded: list[int], timeout: float,
+                           abort: bool) -> _c.Comm:
+        """On the loop: the survivors' communicator, once they agreed that each of them
+        excluded exactly the ranks gone."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        old = self._comm
+        if abort:
+            old.revoke()
+        new = await old.shrink(timeout=timeout)
+        members = old.group.members
+        kept = new.group.members
+        gone = [r for r, m in enumerate(members) if m not in kept]
+        try:
+            # (at least a while of its own: a shrink that took the whole timeout
+            # would otherwise time out here on some survivors only)
+            ok, failed = await new.agree(gone == excluded, timeout=max(
+                end - loop.time(), min(timeout, _AGREE_MIN_S)))
+        except BaseException:
+            new.abort()
+            raise
+        if ok and not failed:
+            return new
+        new.abort()  # (local: every survivor drops it alike)
+        later = sorted(members.index(kept[r]) for r in failed)
+        everyone = sorted(gone + later)
+        why = (f"{_ranks(later)} died during it" if later else
+               f"not every survivor excluded exactly those (this rank excluded {excluded})")
+        if not everyone:  # (every member took part: an excluded one too)
+            raise ShrinkMismatchError(
+                "ucxcomm shrink_group: every member of the group took part, so none is "
+                f"gone, yet this rank excluded {excluded}; no group was made", [])
+        raise ShrinkMismatchError(
+            f"ucxcomm shrink_group: the survivors agree that {_ranks(everyone)} "
+            f"{'are' if len(everyone) > 1 else 'is'} gone, and {why}; no group was made: "
+            f"call shrink_group({everyone}) on every survivor (exc.gone)", everyone)
+
+    def _fail_shrink(self, err: BaseException) -> None:
+        self._broken = self._shrink_failed = err
+
+    def _hand_over(self) -> None:
+        """After a shrink: the successor owns the world and hears of deaths; this group
+        takes no more operations (torch destroys it next)."""
+        self._shrunk = True
+        self._owns_world = False
+        try:
+            self._world.failure_listeners.remove(self._peer_died)
+        except ValueError:  # pragma: no cover - (removed once)
+            pass
+        self._lt.call(self._fail_inflight, "the group was shrunk (shrink_group)")
+        if self._comm is not self._world.comm:
+            # (a shrunk group shrunk again: its communicator goes; the world's stays
+            # open, as the world does)
+            self._lt.call(self._comm.abort)
+
+    def _fail_inflight(self, why: str) -> None:
+        """(On the loop.) Fail the operations still running, withdrawing them."""
+        for work, (task, _) in list(self._inflight.items()):
+            work.finish(WorkError(f"ucxcomm {work.what}: {why} before it completed"))
+            task.cancel()
+
     # ============================================================== closing
     async def _close(self) -> None:
         if not self._closed:
             self._closed = True
-            await self._world.close()
+            if self._owns_world:
+                await self._world.close()
+            else:
+                self._fail_inflight("the process group was shut down")
 
     def shutdown(self) -> None:
         """Close the group (torch's ``destroy_process_group`` calls it); idempotent."""
@@ -921,7 +1165,10 @@ class ProcessGroupUCXComm(dist.ProcessGroup):
             return
         self._closed = True
         self._lt.remove_closer(self._close)
-        self._lt.call(self._world.abort)
+        if self._owns_world:
+            self._lt.call(self._world.abort)
+        else:
+            self._lt.call(self._fail_inflight, "the process group was aborted")
         release_loop_thread(self._lt)
 
 
@@ -930,3 +1177,47 @@ def create_process_group(store: Any, rank: int, size: int,
     """The creator torch calls for ``init_process_group("ucxcomm")`` / ``new_group``."""
     return ProcessGroupUCXComm(store, rank, size, timeout)
 
+
+def install_shrink_support() -> bool:
+    """Let ``torch.distributed.shrink_group`` shrink ucxcomm groups (torch 2.13's
+    ``distributed_c10d``; ``import ucxcomm.torch`` calls it). Returns whether it could.
+
+    torch asks the group for its backend (``_validate_shrink_backend_requirements``:
+    ``group._get_backend(device)``), calls the backend's ``shrink``, and wraps what it
+    returns in a new C++ ``ProcessGroup`` (``_create_shrunk_process_group``:
+    ``ProcessGroup._register_backend``, which takes C++ backends only). A group defined
+    in Python is its own backend and has no C++ one: torch's own group creation keeps
+    such a group as it is (``_new_process_group_helper``: "If the type is a subclass of
+    ProcessGroup then return this process group immediately"), and its shrink path has
+    no such case. These two wrappers add it, for ucxcomm groups only: the group is its
+    own backend, and the group its ``shrink`` returns is the new process group, named
+    and described as torch names a shrunk one. Every other backend takes torch's path
+    unchanged.
+    """
+    c10d = dist.distributed_c10d
+    validate = getattr(c10d, "_validate_shrink_backend_requirements", None)
+    create = getattr(c10d, "_create_shrunk_process_group", None)
+    if validate is None or create is None:
+        return False
+    if getattr(validate, "_ucxcomm", False):
+        return True
+
+    def validate_shrink_backend_requirements(group_info: dict) -> Any:
+        pg = group_info.get("process_group")
+        if isinstance(pg, ProcessGroupUCXComm):
+            return pg
+        return validate(group_info)
+
+    def create_shrunk_process_group(new_backend: Any, remaining_ranks: list[int],
+                                    metadata: dict, is_default_group: bool) -> Any:
+        if not isinstance(new_backend, ProcessGroupUCXComm):
+            return create(new_backend, remaining_ranks, metadata, is_default_group)
+        new_backend._set_group_name(metadata["new_group_name"])
+        new_backend._set_group_desc("default:shrunken" if is_default_group else
+                                    f"{metadata['original_group_name']}:shrunk")
+        return new_backend
+
+    validate_shrink_backend_requirements._ucxcomm = True  # type: ignore[attr-defined]
+    c10d._validate_shrink_backend_requirements = validate_shrink_backend_requirements
+    c10d._create_shrunk_process_group = create_shrunk_process_group
+    return True
