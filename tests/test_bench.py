@@ -226,3 +226,21 @@ def test_gpu_suites(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {(r["impl"], r["op"]) for r in records(out)} == {
         (i, op) for i in ("ucxcomm-gpu", "gloo-gpu") for op in ("all_reduce", "ddp_step")}
+
+
+def test_elastic_suite(tmp_path):
+    """``ucxcomm bench elastic --quick``: detect-to-shrunk at 2, 4 and 8 ranks, a
+    replacement's rejoin, bandwidth before and after a shrink, each from real deaths."""
+    out = tmp_path / "elastic.jsonl"
+    proc = bench("elastic", "--quick", "--json", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    shrunk = [r for r in recs if r["what"] == "detect_to_shrunk"]
+    assert sorted({r["ranks"] for r in shrunk}) == [2, 4, 8]
+    assert all(0 < r["seconds"] < 30 for r in shrunk), shrunk
+    assert [r for r in recs if r["what"] == "rejoin" and 0 < r["seconds"] < 60]
+    assert all(r["before_GBps"] > 0 and r["after_GBps"] > 0
+               for r in recs if r["what"] == "bandwidth")
+    for line in ("detect-to-shrunk", "2 ranks: p50", "8 ranks: p50", "rejoin",
+                 "before / after a shrink"):
+        assert line in proc.stdout, proc.stdout

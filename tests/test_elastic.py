@@ -250,22 +250,27 @@ def test_elastic_run_exit_code_is_the_survivors():
     assert "stopping the other ranks" in done.stderr
 
 
-def test_the_elastic_pool_example_finishes_without_its_dead_rank():
+def test_the_elastic_pool_example_loses_a_rank_and_admits_its_replacement():
     """examples/elastic_pool.py (docs/elastic.md's worked example): its last rank dies
-    in round 3; the survivors redo that round on the shrunk communicator and finish,
-    each task counted once."""
+    in round 3; the survivors redo that round on the shrunk communicator, admit the
+    replacement the launcher started two rounds later, and all four finish, each task
+    counted once."""
     done = subprocess.run(
-        [sys.executable, "-m", "ucxcomm.cli", "run", "--elastic", "-n", "4", "--timeout",
-         "100", sys.executable, str(ROOT / "examples" / "elastic_pool.py")],
+        [sys.executable, "-m", "ucxcomm.cli", "run", "--elastic", "--max-restarts", "1",
+         "-n", "4", "--timeout", "100", sys.executable,
+         str(ROOT / "examples" / "elastic_pool.py")],
         env=clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=130,
         stdin=subprocess.DEVNULL)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-TAIL:]
-    assert "240 tasks in 9 rounds, finished by 3 ranks" in done.stdout, out[-TAIL:]
+    assert "240 tasks in 8 rounds, finished by 4 ranks" in done.stdout, out[-TAIL:]
+    assert "[rank 3] joined as rank 3 of 4 at round 5" in done.stdout, out[-TAIL:]
     for r in range(3):
-        assert f"[rank {r}] event: PeerFailed(rank=3," in done.stdout, out[-TAIL:]
-        assert f"[rank {r}] round 3: ranks [3] died; redoing the round on 3 ranks" \
-            in done.stdout, out[-TAIL:]
+        for line in (f"[rank {r}] event: PeerFailed(rank=3,",
+                     f"[rank {r}] round 3: ranks [3] died; redoing the round on 3 ranks",
+                     f"[rank {r}] event: PeerJoined(rank=3)",
+                     f"[rank {r}] round 5: admitted a replacement, 4 ranks"):
+            assert line in done.stdout, out[-TAIL:]
     assert "Traceback" not in out, out[-TAIL:]
 
 
@@ -334,3 +339,22 @@ def test_a_joiner_replaces_a_member_that_died_after_the_decision():
     joiners, cursor = asyncio.run(elastic.take_joiners(slots, 3, 0, fetch))
     assert slots == {0: 1, 1: 2, 2: 2} and cursor == 4
     assert joiners == {1: (2, b"a1", b"h"), 2: (2, b"a2", b"h")}
+
+
+# ------------------------------------------------------------------- the fuzzer
+def test_random_kill_schedules(capsys):
+    """A few schedules of the elastic fault fuzzer (tools/elastic_fuzz.py): random kill -9
+    of 1 or 2 ranks (rank 0 included) before random steps of a mixed workload; the
+    survivors shrink, check every result, finish. The seed is printed (and taken from
+    UCXCOMM_FUZZ_SEED when set): ``python tools/elastic_fuzz.py --seed S`` replays it."""
+    import random
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import elastic_fuzz
+
+    seed = int(os.environ.get("UCXCOMM_FUZZ_SEED") or random.randrange(1 << 31))
+    with capsys.disabled():
+        print(f"\nelastic fuzz seed {seed}")
+    failures: list[str] = []
+    counts = elastic_fuzz.fuzz(4, seed, timeout=60.0, log=failures.append)
+    assert counts["ok"] == 4, f"seed {seed}: {counts}\n" + "\n".join(failures)[-TAIL:]

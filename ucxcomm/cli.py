@@ -127,8 +127,10 @@ def _bench_parser(sub) -> None:
         description="OSU-style sweeps of ucxcomm and the peers that are installed, "
         "alternating implementations at every size. Prints a table with ucxcomm's speedup "
         "over each peer; --json and --plot keep the figures.")
-    bench.add_argument("suite", nargs="?", default="all", choices=[*_BENCH_SUITES, "all"],
-                       help="what to measure (default all)")
+    bench.add_argument("suite", nargs="?", default="all",
+                       choices=[*_BENCH_SUITES, "all", "elastic"],
+                       help="what to measure (default all); elastic: what surviving a "
+                       "death costs (ucxcomm alone; not in all)")
     bench.add_argument("-n", type=int, default=2, dest="n",
                        help="ranks for collectives and torch (the others use 2); default 2")
     bench.add_argument("--sizes", help="message sizes, e.g. 8,4K,1M,64M (default: the "
@@ -157,6 +159,12 @@ def _bench_parser(sub) -> None:
 
 def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import importlib.util
+
+    if args.suite == "elastic":
+        from .bench import elastic
+
+        return elastic.main(["--quick"] * args.quick
+                            + (["--json", args.json] if args.json else []))
 
     from .bench import driver
     from .bench.spec import parse_sizes
