@@ -96,7 +96,7 @@ async def _rank(mode: str) -> None:
             i += 1
     except (ucxcomm.PeerFailure, ucxcomm.Revoked):
         comm.revoke()
-    ok, failed = await comm.agree(True, timeout=30)
+    _, failed = await comm.agree(True, timeout=30)
     assert failed == {victim}, failed
     if mode == "rejoin":
         new = await comm.grow(timeout=60)
