@@ -61,6 +61,19 @@ def _pump(rank, stream, lines: queue.Queue, out: list[str]) -> None:
         lines.put((int(m.group(1)) if m else rank, line[m.end():] if m else line))
 
 
+def _next_line(lines: queue.Queue, deadline: float, out: list[str], what: str
+               ) -> tuple[int, str]:
+    """The next ``(rank, line)`` of the job's output, before ``deadline`` (else
+    AssertionError: ``what`` never came)."""
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{what}:\n{''.join(out)[-TAIL:]}"
+        try:
+            return lines.get(timeout=left)
+        except queue.Empty:
+            continue
+
+
 def run_kill(name: str, nranks: int, victim: int, launcher: str = "run") -> str:
     """Run death case ``name``: kill ``victim`` once every survivor said it blocks;
     returns the job's output."""
@@ -94,12 +107,7 @@ def run_kill(name: str, nranks: int, victim: int, launcher: str = "run") -> str:
         survivors = set(range(nranks)) - {victim}
         deadline = time.monotonic() + 60
         while pid is None or waiting != survivors:
-            left = deadline - time.monotonic()
-            assert left > 0, f"the ranks never all blocked:\n{''.join(out)[-TAIL:]}"
-            try:
-                rank, line = lines.get(timeout=left)
-            except queue.Empty:
-                continue
+            rank, line = _next_line(lines, deadline, out, "the ranks never all blocked")
             if line.startswith(f"VICTIM {victim} "):
                 pid = int(line.split()[2])
             elif line.startswith("WAITING "):
@@ -174,12 +182,7 @@ def run_steps(name: str, nranks: int, steps: list[tuple[int, set[str]]],
         deadline = time.monotonic() + 90
         for victim, wanted in steps:
             while victim not in pids or not wanted <= seen:
-                left = deadline - time.monotonic()
-                assert left > 0, f"never saw {wanted - seen}:\n{''.join(out)[-TAIL:]}"
-                try:
-                    rank, line = lines.get(timeout=left)
-                except queue.Empty:
-                    continue
+                rank, line = _next_line(lines, deadline, out, f"never saw {wanted - seen}")
                 if line.startswith("PID "):
                     pids[rank] = int(line.split()[2])
                 seen.add(f"{rank} {line.split(' over ')[0].strip()}")

@@ -156,8 +156,19 @@ async def agreement_among_live_ranks(comm):
     assert c.failed() == frozenset()
     new = await c.shrink(timeout=DEADLINE_S)
     assert (new.rank, new.size) == (r, p)
+    grown = await new.grow(timeout=DEADLINE_S)  # nobody to replace: the same members
+    assert (grown.rank, grown.size) == (r, p)
+    for bad, exc in ((p - 1, ValueError), (2.5, TypeError), ("3", TypeError),
+                     (True, TypeError)):
+        try:
+            await grown.grow(bad)
+        except exc:
+            continue
+        raise AssertionError(f"grow({bad!r}) was taken")
+    await grown.close()
     await c.close()
-    for what, fn in (("agree", lambda: c.agree(True)), ("shrink", lambda: c.shrink())):
+    for what, fn in (("agree", lambda: c.agree(True)), ("shrink", lambda: c.shrink()),
+                     ("grow", lambda: c.grow())):
         await _raises(ucxcomm.ClosedError, fn, f"{what} on a closed communicator")
     for what, fn in (("revoke", c.revoke), ("events", c.events)):
         try:
