@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from ucxcomm.launch import free_port
-from ucxcomm.testing import clean_env, run_case
+from ucxcomm.testing import clean_env, run_case, run_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "spmd" / "elastic_cases.py"
@@ -50,6 +50,17 @@ def test_revoked_window():
 
 def test_agreement_among_live_ranks():
     run_case(CASES, "agreement_among_live_ranks", 3)
+
+
+@pytest.mark.parametrize("name", ["revoke_reaches_every_member", "agreement_among_live_ranks"])
+def test_verbs_under_a_torchrun_style_launch(name):
+    """The same cases with rank 0 hosting the store (RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT only)."""
+    port = free_port(span=2)
+    envs = [dict(clean_env(), RANK=str(r), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port)) for r in range(3)]
+    run_ranks([[sys.executable, str(CASES), name]] * 3, envs, f"CASE-OK {name} rank {{rank}}",
+              timeout=90, cwd=ROOT)
 
 
 # ------------------------------------------------------------------- deaths
