@@ -211,6 +211,9 @@ def _blocking(name, comm, victim):
         "scatter": lambda: comm.Scatter(block if r == victim else None, out, root=victim),
         "barrier": lambda: comm.barrier(),
         "allgather_obj": lambda: comm.allgather({"r": r}),
+        # (both directions in flight: the receive fails first, the send after it)
+        "sendrecv_big": lambda: comm.Sendrecv(big, victim, np.empty_like(big),
+                                              source=victim),
     }[name]
 
 
@@ -382,10 +385,10 @@ async def kill_in_grow(comm):
     return await _replaced_case(comm, "kill_in_grow")
 
 
-KILL_CASES = ["recv", "recv_any", "send_big", "irecv", "allreduce", "allreduce_big", "bcast",
-              "bcast_from_survivor", "allgather", "alltoall", "reduce_scatter", "gather",
-              "scatter", "barrier", "allgather_obj", "fence", "kill_in_agree",
-              "kill_in_shrink"]
+KILL_CASES = ["recv", "recv_any", "send_big", "sendrecv_big", "irecv", "allreduce",
+              "allreduce_big", "bcast", "bcast_from_survivor", "allgather", "alltoall",
+              "reduce_scatter", "gather", "scatter", "barrier", "allgather_obj", "fence",
+              "kill_in_agree", "kill_in_shrink"]
 
 
 def _register(name):

@@ -69,6 +69,21 @@ log = logging.getLogger(__name__)
 
 
 
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _unawaited(futs: Any) -> None:
+    """The send futures of a call that ends (its receive failed, or it was cancelled)
+    without awaiting them: their failure, if any, is retrieved when it comes (the dead
+    peer's send fails too: 'Future exception was never retrieved' otherwise, found by
+    the elastic fuzzer)."""
+    for fut in futs or ():
+        if fut is not None:
+            fut.add_done_callback(_retrieve)
+
+
 class World:
     """Per-process state every communicator shares: worker, peer addresses, endpoints.
 
@@ -606,7 +621,11 @@ class Comm(Collectives):
         self._transport.wake()
 
         async def both() -> tuple[Any, Status]:
-            got = await self._finish_recv_obj(rres)
+            try:
+                got = await self._finish_recv_obj(rres)
+            except BaseException:
+                _unawaited(futs)
+                raise
             if futs:
                 await asyncio.gather(*futs)
             return got
@@ -628,7 +647,11 @@ class Comm(Collectives):
         self._transport.wake()
 
         async def both() -> Status:
-            res = rres if isinstance(rres, tuple) else await self._await_recv(rres)
+            try:
+                res = rres if isinstance(rres, tuple) else await self._await_recv(rres)
+            except BaseException:
+                _unawaited([sfut])
+                raise
             if sfut is not None:
                 await sfut
             return recv_status(res)
