@@ -85,11 +85,14 @@ def _next_line(lines: queue.Queue, deadline: float, out: list[str], what: str
             continue
 
 
-def run_kill(name: str, nranks: int, victim: int, launcher: str = "run") -> str:
+def run_kill(name: str, nranks: int, victim: int, launcher: str = "run",
+             replace: bool = False) -> str:
     """Run death case ``name``: kill ``victim`` once every survivor said it blocks;
-    returns the job's output."""
+    returns the job's output. ``replace`` (torchrun-style): then start a replacement
+    of the victim (``UCXCOMM_RESTART_COUNT=1``), which must finish too."""
     env = dict(clean_env(), ELASTIC_VICTIM=str(victim), ELASTIC_DEADLINE_S=str(DEADLINE_S),
-               PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
+               PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
+               ELASTIC_RESTARTS=f"{victim}:1" if replace else "")
     lines: queue.Queue = queue.Queue()
     out: list[str] = []
     procs: list[subprocess.Popen] = []
@@ -101,18 +104,22 @@ def run_kill(name: str, nranks: int, victim: int, launcher: str = "run") -> str:
             stdin=subprocess.DEVNULL, start_new_session=True))
         threading.Thread(target=_pump, args=(None, procs[0].stdout, lines, out),
                          daemon=True).start()
-    else:  # torchrun-style: rank 0 hosts the store
+    else:  # torchrun-style: rank 0 hosts the store (rank 1 a standby of it)
         port = free_port(span=2)
-        for r in range(nranks):
+
+        def start(r: int, restart: int = 0) -> None:
             renv = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nranks),
                         LOCAL_WORLD_SIZE=str(nranks), MASTER_ADDR="127.0.0.1",
-                        MASTER_PORT=str(port))
+                        MASTER_PORT=str(port), UCXCOMM_RESTART_COUNT=str(restart))
             p = subprocess.Popen([sys.executable, str(CASES), name], env=renv, cwd=ROOT,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True, stdin=subprocess.DEVNULL)
             procs.append(p)
             threading.Thread(target=_pump, args=(r, p.stdout, lines, out),
                              daemon=True).start()
+
+        for r in range(nranks):
+            start(r)
     try:
         pid, waiting = None, set()
         survivors = set(range(nranks)) - {victim}
@@ -124,6 +131,9 @@ def run_kill(name: str, nranks: int, victim: int, launcher: str = "run") -> str:
             elif line.startswith("WAITING "):
                 waiting.add(rank)
         os.kill(pid, signal.SIGKILL)
+        if replace:
+            procs[victim].wait(timeout=30)
+            start(victim, 1)  # (its process is procs[-1])
         for p in procs:
             try:
                 p.wait(timeout=DEADLINE_S * 3 + 30)
@@ -145,7 +155,7 @@ def run_kill(name: str, nranks: int, victim: int, launcher: str = "run") -> str:
         for r, p in enumerate(procs):
             want = -signal.SIGKILL if r == victim else 0
             assert p.returncode == want, f"rank {r}: exit {p.returncode}\n{text[-TAIL:]}"
-    for r in survivors:
+    for r in survivors | ({victim} if replace else set()):
         assert f"CASE-OK {name} rank {r}" in text, f"rank {r} did not finish\n{text[-TAIL:]}"
     for word in NOISE:
         assert word not in text, f"{word!r} in the output\n{text[-TAIL:]}"
@@ -164,9 +174,21 @@ def test_kill_and_shrink_at_four_ranks(name):
     run_kill(name if name.startswith("kill_") else f"kill_{name}", 4, 1)
 
 
-@pytest.mark.parametrize("name", ["recv", "allreduce_big", "fence", "kill_in_shrink"])
-def test_kill_and_shrink_torchrun_style(name):
-    run_kill(name if name.startswith("kill_") else f"kill_{name}", 3, 2, launcher="torchrun")
+@pytest.mark.parametrize("victim", [0, 2])
+@pytest.mark.parametrize("name", ["recv", "allreduce_big", "fence", "kill_in_agree",
+                                  "kill_in_shrink"])
+def test_kill_and_shrink_torchrun_style(name, victim):
+    """Rank 0 too: it hosts the store, rank 1 a standby of it that takes over."""
+    run_kill(name if name.startswith("kill_") else f"kill_{name}", 3, victim,
+             launcher="torchrun")
+
+
+def test_rank_0_dies_under_torchrun_style_and_its_replacement_rejoins():
+    """kill -9 of rank 0 (the store's host) under a torchrun-style launch: the survivors
+    go on with rank 1's standby store, and a replacement started with RANK=0 (and
+    UCXCOMM_RESTART_COUNT=1) finds the store at its old address, joins through grow and
+    takes rank 0 again."""
+    run_kill("replace_dead_rank", 3, 0, launcher="torchrun", replace=True)
 
 
 # ------------------------------------------------------------- replacements

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import struct
@@ -433,3 +434,95 @@ async def test_a_rank_that_joins_again_is_a_new_life(server):
     assert deaths == [(1, 1), (1, 2)]
     for x in (a, c):
         await x.close()
+
+
+# ---------------------------------------------------------------- the standby store
+async def test_a_standby_takes_over_when_the_primary_dies():
+    """The primary (rank 0's, under torchrun-style launches) dies with a decision open,
+    keys set and a counter taken; the standby it replicated to serves on: the clients
+    rejoin it as the same ranks and lives, their pending requests are answered there
+    (the decision once, the counter not taken twice), rank 0 is reported dead, and a rank
+    that never comes back is declared dead after the grace."""
+    from ucxcomm.launch.store import StoreServer as Server
+
+    primary = await Server(TOKEN, "127.0.0.1", 0).start()
+    standby = await Server(TOKEN, "127.0.0.1", 0).start()
+    follower = await StoreClient.connect("127.0.0.1", primary.port, TOKEN, timeout=10)
+    await follower.replicate(standby.load, standby.apply, 10)
+    follower.on_lost = lambda closing: standby.take_over(0, 1.0) if not closing else None
+    clients = []
+    for r in range(4):
+        c = await StoreClient.connect("127.0.0.1", primary.port, TOKEN, timeout=10)
+        await c.join(r)
+        c.standby = ("127.0.0.1", standby.port)
+        clients.append(c)
+    c0, c1, c2, c3 = clients
+    deaths: list[tuple[int, int]] = []
+    rank3_dead = asyncio.Event()
+
+    def on_dead(r, quiet, life):
+        deaths.append((r, life))
+        if r == 3:
+            rank3_dead.set()
+
+    c1.on_dead = on_dead
+    await c1.set("k", b"v")
+    assert await c1.add("joiners", 1) == 1
+    opened = asyncio.ensure_future(c1.decide("d", [0, 1, 2], "a", 20))
+    await asyncio.sleep(0)  # (an order, not a wait: the request goes out first)
+    assert await c0.get("k") == b"v"  # (the primary has handled c1's requests)
+    for c in (c0, c3):  # rank 0 dies with its store; rank 3 at the same time
+        c.standby = None
+        c._writer.transport.abort()
+    await primary.close()
+    got = await asyncio.wait_for(c2.decide("d", [0, 1, 2], "b", 20), 20)
+    assert got == ({1: "a", 2: "b"}, [0])
+    assert await asyncio.wait_for(opened, 20) == got
+    assert await c2.get("k", 10) == b"v"
+    assert await c2.add("joiners", 1) == 2  # (once per request, across the failover)
+    await asyncio.wait_for(rank3_dead.wait(), 20)
+    assert (0, 1) in deaths and (3, 1) in deaths, deaths
+    for c in (c1, c2, follower):
+        await c.close()
+    await standby.close()
+
+
+async def test_an_add_sent_again_after_a_failover_is_counted_once(server):
+    """The primary counted an add and replicated it, then died before its answer went
+    out: the client sends it again to the standby, which answers the same count."""
+    server.load({"data": {}, "lives": {}, "joined": {}, "dead": [], "left": [],
+                 "decisions": []})
+    server.apply({"op": "set", "key": "n", "value": base64.b64encode(b"1").decode(),
+                  "req": "c.1", "added": 1})
+    a = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    again = await a._call({"op": "add", "key": "n", "amount": 1, "req": "c.1"}, 10)
+    assert again["value"] == 1
+    assert await a.add("n", 1) == 2  # (another request: counted)
+    await a.close()
+
+
+async def test_one_standby_at_a_time_and_malformed_changes_are_dropped(server, caplog):
+    from ucxcomm.launch.store import StoreServer as Server
+
+    caplog.set_level("WARNING")
+    standby = await Server(TOKEN, "127.0.0.1", 0).start()
+    first = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    await first.replicate(standby.load, standby.apply, 10)
+    second = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    with pytest.raises(BootstrapError, match="a standby follows this store already"):
+        await second.replicate(lambda snap: None, lambda change: None, 10)
+    # a change the standby cannot apply is dropped, the link kept
+    server._repl({"op": "join", "rank": "not a rank", "life": 1})
+    await server_set_and_wait(first, server, standby)
+    assert "a malformed change from the primary was dropped" in caplog.text
+    for c in (first, second):
+        await c.close()
+    await standby.close()
+
+
+async def server_set_and_wait(client, server, standby):
+    """A key set at the primary reaches the standby (the link still works)."""
+    await client.set("after", b"1")
+    got = await StoreClient.connect("127.0.0.1", standby.port, TOKEN, timeout=10)
+    assert await got.get("after", 10) == b"1"
+    await got.close()

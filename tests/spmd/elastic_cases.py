@@ -301,7 +301,7 @@ async def _grown(comm, restarts):
     """Checks on the healed communicator: every rank in its place (world rank order),
     which of them are replacements, data."""
     p = comm.size
-    world_rank = int(os.environ["UCXCOMM_RANK"])
+    world_rank = int(os.environ.get("UCXCOMM_RANK") or os.environ["RANK"])
     restart = int(os.environ.get("UCXCOMM_RESTART_COUNT", "0"))
     assert comm.rank == world_rank, (comm.rank, world_rank)
     got = await comm.allgather((world_rank, restart))

@@ -39,7 +39,7 @@ from .._deadline import Deadline, check_timeout
 from ..comm import Comm, World, elastic
 from ..errors import BootstrapError, CommTimeoutError
 from ..tags import MAX_RANKS
-from .store import StoreClient, StoreServer
+from .store import FAILOVER_GRACE_S, StoreClient, StoreServer
 
 __all__ = ["WorldSpec", "detect", "finalize", "init", "parse_nodelist", "watch_peers"]
 
@@ -164,8 +164,10 @@ def detect(env: Mapping[str, str] | None = None, *, rank: int | None = None,
         port = _setting(env, "UCXCOMM_PORT") or _int_var(env, "MASTER_PORT") + 1
         rank_ = _int_var(env, "RANK")
         tok = token or "torchrun-" + env.get("TORCHELASTIC_RUN_ID", env["MASTER_PORT"])
+        restart = _setting(env, "UCXCOMM_RESTART_COUNT")
         return _check(WorldSpec(rank_, _int_var(env, "WORLD_SIZE"), env["MASTER_ADDR"], port,
-                                tok, rank_ == 0, "torchrun", not token))
+                                tok, rank_ == 0 and not restart, "torchrun", not token,
+                                restart=restart))
     if "SLURM_PROCID" in env:
         _require(env, ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODELIST"), "Slurm")
         hosts = parse_nodelist(env["SLURM_NODELIST"])
@@ -179,9 +181,10 @@ def detect(env: Mapping[str, str] | None = None, *, rank: int | None = None,
             port = 20000 + (int(job) * 16 + int(step)) % 20000 if job.isdigit() and \
                 step.isdigit() else _derived_port(f"slurm-{job}.{step}")
         rank_ = _int_var(env, "SLURM_PROCID")
+        restart = _setting(env, "UCXCOMM_RESTART_COUNT")
         return _check(WorldSpec(rank_, _int_var(env, "SLURM_NTASKS"), hosts[0], port,
-                                token or f"slurm-{job}.{step}", rank_ == 0, "slurm",
-                                not token))
+                                token or f"slurm-{job}.{step}", rank_ == 0 and not restart,
+                                "slurm", not token, restart=restart))
     for convention, rvar, svar, lvar in (
         ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
          "OMPI_COMM_WORLD_LOCAL_SIZE"),
@@ -297,6 +300,7 @@ async def _form_world_steps(spec: WorldSpec, deadline: Deadline, config: dict[st
             raise
     worker = Worker(config, plan=plan)
     hosts: list[bytes] | None = None
+    world_closers: list[Any] = []
     if client is not None and spec.restart > 0:
         return await _join_running(spec, deadline, worker, client)
     try:
@@ -312,6 +316,11 @@ async def _form_world_steps(spec: WorldSpec, deadline: Deadline, config: dict[st
             check = b"1" if settings.get("UCXCOMM_CHECK_COLLECTIVES") else b"0"
             if spec.rank == 0:
                 await client.set(f"w{gen}/check", check, deadline.left())
+            if spec.rank == 1 and spec.source != "ucxcomm":
+                # Rank 0 hosts the store: rank 1 keeps a standby of it (before its own
+                # address, so that every rank reads it in the exchange below).
+                standby = await _start_standby(spec, client, deadline)
+                world_closers.append(standby)
             await client.set(f"w{gen}/addr/{spec.rank}",
                              pack_address(host_identity(), worker.address), deadline.left())
             entries = [unpack_address(await client.get(f"w{gen}/addr/{r}", deadline.left()))
@@ -323,14 +332,21 @@ async def _form_world_steps(spec: WorldSpec, deadline: Deadline, config: dict[st
                     "the same on every rank")
             hosts = [h for h, _ in entries]
             addresses = [a for _, a in entries]
+            if spec.source != "ucxcomm" and spec.size > 1:
+                where = (await client.get(f"w{gen}/standby", deadline.left())).decode()
+                host_, _, port_ = where.rpartition(":")
+                client.standby = (host_, int(port_))
     except BaseException:
         worker.abort()
+        for closer in world_closers:
+            await closer()
         if client is not None:
             await client.close()
         if server is not None:
             await server.close()
         raise
     world = World(worker, spec.rank, spec.size, addresses, hosts)
+    world.closers.extend(world_closers)
     if spec.source == "ucxcomm":
         _install_task_dump(spec.rank)
     if client is not None:
@@ -343,6 +359,44 @@ async def _form_world_steps(spec: WorldSpec, deadline: Deadline, config: dict[st
         serve(world, spec.host, spec.port, spec.token)  # (ucxcomm status --store)
     log.debug("rank %d/%d: world formed via %s", spec.rank, spec.size, spec.source)
     return world
+
+
+async def _start_standby(spec: WorldSpec, client: StoreClient, deadline: Deadline) -> Any:
+    """(Rank 1, where rank 0 hosts the store.) A standby store that follows rank 0's
+    and takes over when it goes (launch/store.py, "Standby"); its address published
+    under ``w<gen>/standby``. Returns what closes it."""
+    assert spec.host is not None and spec.port is not None
+    sock = client._writer.get_extra_info("sockname")
+    mine = sock[0] if sock else "127.0.0.1"  # (the address the primary sees us from)
+    standby = await StoreServer(spec.token, mine, 0).start()
+    try:
+        follower = await StoreClient.connect(spec.host, spec.port, spec.token,
+                                             deadline.left() or 0.0)
+    except BaseException:
+        await standby.close()
+        raise
+
+    primary = (spec.host, spec.port)
+
+    def lost(closing: bool) -> None:
+        if not closing:  # (the primary's host rank died: serve)
+            standby.take_over(0, FAILOVER_GRACE_S, also=primary)
+
+    follower.on_lost = lost
+    try:
+        await follower.replicate(standby.load, standby.apply, deadline.left())
+        await client.set(f"w{_generation}/standby", f"{mine}:{standby.port}".encode(),
+                         deadline.left())
+    except BaseException:
+        await follower.close()
+        await standby.close()
+        raise
+
+    async def close() -> None:
+        await follower.close()
+        await standby.close()
+
+    return close
 
 
 async def _join_running(spec: WorldSpec, deadline: Deadline, worker: Any,

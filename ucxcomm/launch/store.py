@@ -19,6 +19,21 @@ the same key; once each member has either sent one or dropped (died or left), ev
 member that sent one gets the same answer: the values of the members still alive and
 the members gone. The store is the failure detector (a rank is dead when its
 connection drops), so the decision ends whatever the timing of deaths.
+
+Standby. Where a rank hosts the store (rank 0 under torchrun, Slurm, MPI launchers),
+rank 1 runs a standby: a second server that sends ``{"op": "replicate"}`` and gets the
+primary's state (``snapshot``), then every change as ``{"event": "repl"}`` frames, in
+order (keys set and counted, joins with their lives, drops and leaves, decision
+contributions, and each decision's answer before the members get it). Clients that
+lose the primary connect to the standby (``StoreClient.standby``), join again as the
+same rank and life, and send their unanswered requests again: a contribution the
+standby holds already, or a decision it has the answer of, is answered, and an ``add``
+carries a request id so that it is never counted twice. When the standby's own link to
+the primary drops, it takes over: the primary's host rank is dead, every rank joined
+there that has not come back within ``FAILOVER_GRACE_S`` too, open decisions are
+decided there, and it listens on the primary's address as well where it can (a
+replacement of rank 0 finds it there). It does not survive the primary and the standby
+dying together.
 """
 
 from __future__ import annotations
@@ -63,6 +78,13 @@ MAX_NOTICE = 1024
 MAX_DECISION_KEY = 256
 MAX_OPEN_DECISIONS = 4096
 MAX_NAMED_RANKS = 1 << 20
+#: Failover to the standby store: how long a client tries to reach it, and how long
+#: the standby waits for the ranks joined at the primary to come back before it
+#: declares them dead.
+FAILOVER_CONNECT_S = 5.0
+#: Decisions' answers kept for members that ask again after a failover.
+MAX_ANSWERS = 1024
+FAILOVER_GRACE_S = 5.0
 
 #: The fields each request needs, with their JSON types.
 _FIELDS: dict[Any, tuple[tuple[str, type], ...]] = {
@@ -84,7 +106,7 @@ def _ranks_field(msg: dict, name: str) -> list[int]:
 class _Decision:
     """One open ``decide``: its members, the values sent so far, who waits."""
 
-    __slots__ = ("gone", "lives", "members", "values", "waiters")
+    __slots__ = ("gone", "lives", "members", "values", "waiters", "writers")
 
     def __init__(self, members: frozenset[int], lives: dict[int, int], gone: set[int]
                  ) -> None:
@@ -97,6 +119,8 @@ class _Decision:
         self.gone = gone
         self.values: dict[int, str] = {}
         self.waiters: list[tuple[asyncio.StreamWriter, Any]] = []
+        #: The connection each value came on (None: replicated from the primary).
+        self.writers: dict[int, asyncio.StreamWriter | None] = {}
 
 
 async def _read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME) -> dict:
@@ -155,6 +179,16 @@ class StoreServer:
         #: plus one, and every death event names the life that ended.
         self._lives: dict[int, int] = {}
         self._life_of: dict[asyncio.StreamWriter, int] = {}
+        #: Standby replication (module doc, "Standby"): the primary's connection to its
+        #: standby; the standby's state while it follows, the answers of decisions it
+        #: holds for members that ask again after a failover, and the ranks (and lives)
+        #: joined at the primary that have not come back yet.
+        self._replica: asyncio.StreamWriter | None = None
+        self.following = False
+        self._answers: dict[str, dict] = {}
+        self._added: dict[str, int] = {}  # (standby) request -> the count it got
+        self._awaiting: dict[int, int] = {}
+        self._extra: list[Any] = []
 
     @property
     def port(self) -> int:
@@ -187,6 +221,137 @@ class StoreServer:
                 async with asyncio.timeout(max(0.0, deadline - loop.time())):
                     await fut
 
+    # ------------------------------------------------------------------ standby
+    def _set(self, key: str, value: bytes) -> None:
+        self._data[key] = value
+        for fut in self._waiters.pop(key, []):
+            if not fut.done():
+                fut.set_result(None)
+
+    def _repl(self, change: dict) -> None:
+        """Send a state change to the standby that follows this store (if any)."""
+        if self._replica is not None:
+            with contextlib.suppress(Exception):
+                self._replica.write(_encode({"event": "repl", **change}))
+
+    def _snapshot(self) -> dict:
+        return {"data": {k: _b64(v) for k, v in self._data.items()},
+                "lives": {str(r): n for r, n in self._lives.items()},
+                "joined": {str(r): self._life_of.get(w, 1) for w, r in self._ranks.items()},
+                "dead": self.dead, "left": self.left,
+                "decisions": [{"key": k, "members": sorted(d.members),
+                               "lives": [d.lives[m] for m in sorted(d.members)],
+                               "values": {str(r): v for r, v in d.values.items()},
+                               "gone": sorted(d.gone)} for k, d in self._decisions.items()]}
+
+    def load(self, snap: dict) -> None:
+        """(A standby.) The primary's state, from its snapshot."""
+        self.following = True
+        for k, v in snap["data"].items():
+            self._set(k, base64.b64decode(v))
+        self._lives.update({int(r): int(n) for r, n in snap["lives"].items()})
+        self._awaiting.update({int(r): int(n) for r, n in snap["joined"].items()})
+        self.dead[:] = [int(r) for r in snap["dead"]]
+        self.left[:] = [int(r) for r in snap["left"]]
+        for d in snap["decisions"]:
+            members = [int(m) for m in d["members"]]
+            dec = self._decisions[d["key"]] = _Decision(
+                frozenset(members), dict(zip(members, d["lives"], strict=True)),
+                {int(m) for m in d["gone"]})
+            for r, v in d["values"].items():
+                dec.values[int(r)] = v
+                dec.writers[int(r)] = None
+
+    def apply(self, change: dict) -> None:
+        """(A standby.) One state change its primary sent (``_repl``)."""
+        op = change.get("op")
+        if op == "set":
+            self._set(change["key"], base64.b64decode(change["value"]))
+            req = change.get("req")
+            if isinstance(req, str):
+                self._added[req] = int(change["added"])
+                while len(self._added) > MAX_OPEN_DECISIONS:
+                    del self._added[next(iter(self._added))]
+        elif op == "join":
+            rank, life = int(change["rank"]), int(change["life"])
+            self.dead[:] = [r for r in self.dead if r != rank]
+            self.left[:] = [r for r in self.left if r != rank]
+            self._lives[rank] = life
+            self._awaiting[rank] = life
+        elif op == "gone":
+            rank, ended = int(change["rank"]), change.get("life")
+            if self._awaiting.get(rank) == ended:
+                del self._awaiting[rank]
+            (self.left if change.get("how") == "left" else self.dead).append(rank)
+            self._notify_gone(rank, ended)
+        elif op == "contrib":
+            members = [int(m) for m in change["members"]]
+            key = change["key"]
+            d = self._decisions.get(key)
+            if d is None:
+                lives = dict(zip(members, change["lives"], strict=True))
+                ended = set(self.dead) | set(self.left)
+                d = self._decisions[key] = _Decision(frozenset(members), lives, {
+                    m for m in members if self._lives.get(m, 0) > lives[m]
+                    or (self._lives.get(m, 0) == lives[m] and m in ended)})
+            d.values[int(change["rank"])] = change["value"]
+            d.writers.setdefault(int(change["rank"]), None)
+        elif op == "answer":
+            key = change["key"]
+            d = self._decisions.pop(key, None)
+            self._remember(key, change["answer"])
+            for writer, rid in d.waiters if d is not None else ():
+                with contextlib.suppress(Exception):
+                    writer.write(_encode(dict(change["answer"], id=rid)))
+
+    def take_over(self, host_rank: int | None, grace: float,
+                  also: tuple[str, int] | None = None) -> None:
+        """(A standby whose primary is gone.) Serve from now on: the primary's host
+        rank is dead; the ranks that were joined there and do not come back within
+        ``grace`` seconds are dead too; open decisions are decided here. ``also``: the
+        primary's own address, listened on as well where this host can (replacements
+        that know only it find this store there)."""
+        if not self.following:
+            return
+        self.following = False
+        loop = asyncio.get_running_loop()
+        if host_rank is not None and host_rank in self._awaiting:
+            self._declare_dead(host_rank, self._awaiting.pop(host_rank))
+        loop.call_later(grace, self._give_up_awaiting)
+        for key in list(self._decisions):
+            if key in self._decisions:
+                self._try_decide(key)
+        if also is not None:
+            self._extra.append(loop.create_task(self._listen_also(*also)))
+
+    def _remember(self, key: str, answer: dict) -> None:
+        """Keep a decision's answer for a member that asks again (after a failover, its
+        request may reach the standby after the others decided), the last
+        ``MAX_ANSWERS`` of them."""
+        self._answers[key] = answer
+        while len(self._answers) > MAX_ANSWERS:
+            del self._answers[next(iter(self._answers))]
+
+    def _declare_dead(self, rank: int, life: int) -> None:
+        self.dead.append(rank)
+        event = _encode({"event": "dead", "rank": rank, "life": life})
+        for w in list(self._clients):
+            with contextlib.suppress(Exception):
+                w.write(event)
+        self._notify_gone(rank, life)
+
+    def _give_up_awaiting(self) -> None:
+        for rank, life in list(self._awaiting.items()):
+            del self._awaiting[rank]
+            log.warning("store (standby): rank %d did not come back after the failover",
+                        rank)
+            self._declare_dead(rank, life)
+
+    async def _listen_also(self, host: str, port: int) -> None:
+        with contextlib.suppress(OSError):
+            self._extra.append(await asyncio.start_server(self._serve, host, port,
+                                                          reuse_address=True))
+
     def _notify_gone(self, rank: int, life: int | None) -> None:
         waiters, self._gone_waiters = self._gone_waiters, []
         for fut in waiters:
@@ -198,7 +363,10 @@ class StoreServer:
                 self._try_decide(key)
 
     def _try_decide(self, key: str) -> None:
-        """Answer decision ``key`` once every member has sent its value or is gone."""
+        """Answer decision ``key`` once every member has sent its value or is gone (a
+        standby that follows leaves that to its primary)."""
+        if self.following:
+            return
         d = self._decisions[key]
         gone = d.gone
         if not d.members <= gone | d.values.keys():
@@ -206,6 +374,8 @@ class StoreServer:
         del self._decisions[key]
         answer = {"ok": True, "dead": sorted(gone),
                   "values": {str(r): v for r, v in d.values.items() if r not in gone}}
+        self._repl({"op": "answer", "key": key, "answer": answer})
+        self._remember(key, answer)
         for writer, rid in d.waiters:
             with contextlib.suppress(Exception):
                 writer.write(_encode(dict(answer, id=rid)))
@@ -213,6 +383,11 @@ class StoreServer:
     async def close(self) -> None:
         if self._server is None:
             return
+        for extra in self._extra:
+            if isinstance(extra, asyncio.Task):
+                extra.cancel()
+            else:
+                extra.close()
         self._server.close()
         for w in list(self._clients):
             w.close()
@@ -266,8 +441,11 @@ class StoreServer:
             self._exiting.discard(writer)
             rank = self._ranks.pop(writer, None)
             life = self._life_of.pop(writer, None)
+            if writer is self._replica:
+                self._replica = None
             if rank is not None and not stopping:
                 self.dead.append(rank)
+                self._repl({"op": "gone", "rank": rank, "life": life, "how": "dead"})
                 log.info("store: rank %d disconnected without leaving", rank)
                 event = _encode({"event": "exited" if exiting else "dead", "rank": rank,
                                  "life": life})
@@ -296,21 +474,23 @@ class StoreServer:
                                 f"{type(msg.get(name)).__name__}")
         if op == "set":
             key = msg["key"]
-            self._data[key] = base64.b64decode(msg["value"])
-            for fut in self._waiters.pop(key, []):
-                if not fut.done():
-                    fut.set_result(None)
+            self._set(key, base64.b64decode(msg["value"]))
+            self._repl({"op": "set", "key": key, "value": msg["value"]})
             writer.write(_encode({"id": rid, "ok": True}))
         elif op == "get":
             # Answer asynchronously so one waiting get never blocks this connection.
             asyncio.get_running_loop().create_task(self._get(msg["key"], rid, writer))
         elif op == "add":
-            key = msg["key"]
-            value = int(self._data.get(key, b"0")) + int(msg["amount"])
-            self._data[key] = str(value).encode()
-            for fut in self._waiters.pop(key, []):
-                if not fut.done():
-                    fut.set_result(None)
+            key, req = msg["key"], msg.get("req")
+            if req is not None and (type(req) is not str or len(req) > 64):
+                raise _BadFrame("add: req must be a string of at most 64 characters")
+            if req is not None and req in self._added:  # (sent again after a failover)
+                value = self._added[req]
+            else:
+                value = int(self._data.get(key, b"0")) + int(msg["amount"])
+                self._set(key, str(value).encode())
+                self._repl({"op": "set", "key": key, "value": _b64(str(value).encode()),
+                            "req": req, "added": value})
             writer.write(_encode({"id": rid, "ok": True, "value": value}))
         elif op == "join":
             rank = int(msg["rank"])
@@ -322,13 +502,30 @@ class StoreServer:
                             writer.get_extra_info("peername"))
                 writer.write(_encode({"id": rid, "ok": False,
                                       "error": f"rank {rank} has already joined"}))
+            elif "life" in msg and writer not in self._ranks:
+                # Back after a failover (this store was the standby): the same life.
+                life = msg["life"]
+                if type(life) is not int or self._awaiting.get(rank) != life:
+                    writer.write(_encode({"id": rid, "ok": False, "error": (
+                        f"rank {rank}: life {life!r} is not one this store awaits")}))
+                    return
+                del self._awaiting[rank]
+                self._life_of[writer] = life
+                self._ranks[writer] = rank
+                writer.write(_encode({
+                    "id": rid, "ok": True, "dead": self.dead, "life": life,
+                    "dead_lives": [[r, self._lives.get(r, 1)] for r in self.dead]}))
             else:
                 if writer not in self._ranks:  # (a second join on one connection: no-op)
                     # A rank joining again is its replacement: alive from now on.
                     self.dead[:] = [r for r in self.dead if r != rank]
                     self.left[:] = [r for r in self.left if r != rank]
+                    old = self._awaiting.pop(rank, None)
+                    if old is not None:  # (its predecessor never came back: gone)
+                        self._notify_gone(rank, old)
                     self._lives[rank] = self._lives.get(rank, 0) + 1
                     self._life_of[writer] = self._lives[rank]
+                    self._repl({"op": "join", "rank": rank, "life": self._lives[rank]})
                 self._ranks[writer] = rank
                 writer.write(_encode({
                     "id": rid, "ok": True, "dead": self.dead, "life": self._life_of[writer],
@@ -346,6 +543,15 @@ class StoreServer:
                         w.write(event)
         elif op == "decide":
             self._decide(msg, rid, writer)
+        elif op == "replicate":
+            # A standby follows this store from now on: its state first, then every
+            # change as it happens (module doc, "Standby").
+            if self._replica is not None and self._replica is not writer:
+                writer.write(_encode({"id": rid, "ok": False,
+                                      "error": "a standby follows this store already"}))
+            else:
+                self._replica = writer
+                writer.write(_encode({"id": rid, "ok": True, "snapshot": self._snapshot()}))
         elif op == "exiting":
             # The rank's process is ending without having closed: its drop will be
             # reported as an exit (peers fail what they wait from it, quietly), not as a
@@ -356,6 +562,7 @@ class StoreServer:
             life = self._life_of.pop(writer, None)
             if gone is not None:
                 self.left.append(gone)
+                self._repl({"op": "gone", "rank": gone, "life": life, "how": "left"})
                 self._notify_gone(gone, life)
             writer.write(_encode({"id": rid, "ok": True}))
         else:
@@ -387,6 +594,14 @@ class StoreServer:
             error = f"decide {key!r}: the members differ from another rank's"
         elif d is not None and rank in d.values:
             error = f"decide {key!r}: rank {rank} has taken part already"
+        if rank is not None and key in self._answers and error is None:
+            # (asked again after a failover: the primary had decided)
+            writer.write(_encode(dict(self._answers[key], id=rid)))
+            return
+        if (d is not None and rank is not None and rank in d.values
+                and d.writers.get(rank) is not writer and lives[rank] == self._life_of.get(writer)):
+            d.waiters.append((writer, rid))  # (asked again after a failover)
+            return
         if error is not None or rank is None:
             writer.write(_encode({"id": rid, "ok": False, "error": error}))
             return
@@ -397,7 +612,10 @@ class StoreServer:
                     or (self._lives.get(m, 0) == lives[m] and m in ended)}
             d = self._decisions[key] = _Decision(members, lives, gone)
         d.values[rank] = value
+        d.writers[rank] = writer
         d.waiters.append((writer, rid))
+        self._repl({"op": "contrib", "key": key, "members": ranks, "rank": rank,
+                    "lives": [lives[m] for m in ranks], "value": value})
         self._try_decide(key)
 
     async def _get(self, key: str, rid: Any, writer: asyncio.StreamWriter) -> None:
@@ -421,11 +639,24 @@ class StoreClient:
     """
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 address: str) -> None:
+                 address: str, token: str = "") -> None:
         self._reader, self._writer = reader, writer
         self.address = address
+        self._token = token
         self._next = 0
         self._pending: dict[int, asyncio.Future] = {}
+        #: The requests not answered yet (sent again to the standby after a failover).
+        self._sent: dict[int, dict] = {}
+        #: ``(host, port)`` of the standby store to fail over to (None: none); the rank
+        #: this connection joined as; notices held while failing over.
+        self.standby: tuple[str, int] | None = None
+        self._joined_rank: int | None = None
+        self._failing_over = False
+        self._held: list[dict] = []
+        #: (A standby's replication connection.) Called with the primary's snapshot, at
+        #: once as it arrives, and with each state change after it.
+        self.on_snapshot: Callable[[dict], None] | None = None
+        self.on_repl: Callable[[dict], None] | None = None
         self.on_dead: Callable[[int, bool, int | None], None] | None = None
         #: After :meth:`join`: this connection's life as its rank (1: the rank's first
         #: join), and ``(rank, life)`` of the ranks dead then.
@@ -485,15 +716,27 @@ class StoreClient:
             raise BootstrapError(f"bootstrap store {host}:{port} refused us: "
                                  f"{reply.get('error')} (check UCXCOMM_TOKEN)")
         watch_liveness(writer)
-        return cls(reader, writer, f"{host}:{port}")
+        return cls(reader, writer, f"{host}:{port}", token)
 
     async def _read_loop(self) -> None:
         try:
             while True:
-                msg = await _read_frame(self._reader)
+                try:
+                    msg = await _read_frame(self._reader)
+                except (asyncio.IncompleteReadError, OSError, ValueError):
+                    if await self._fail_over():
+                        continue
+                    raise
                 if "event" in msg:
                     event = msg["event"]
-                    if event in ("dead", "exited") and self.on_dead is not None:
+                    if event == "repl" and self.on_repl is not None:
+                        try:
+                            self.on_repl(msg)
+                        except (KeyError, TypeError, ValueError) as exc:
+                            log.warning("store (standby): a malformed change from the "
+                                        "primary was dropped (%s: %s)",
+                                        type(exc).__name__, exc)
+                    elif event in ("dead", "exited") and self.on_dead is not None:
                         life = msg.get("life")
                         self.on_dead(int(msg["rank"]), event == "exited",
                                      life if type(life) is int else None)
@@ -506,6 +749,13 @@ class StoreClient:
                     continue
                 rid = msg.get("id")
                 fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
+                if isinstance(rid, int):
+                    self._sent.pop(rid, None)
+                if "snapshot" in msg and self.on_snapshot is not None and msg.get("ok"):
+                    try:
+                        self.on_snapshot(msg["snapshot"])  # (before any change after it)
+                    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                        msg = {"ok": False, "error": f"a malformed snapshot ({exc})"}
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
         except (asyncio.IncompleteReadError, OSError, ValueError):  # (OSError: ETIMEDOUT
@@ -532,15 +782,20 @@ class StoreClient:
             raise BootstrapError(f"no connection to the bootstrap store {self.address}")
         self._next += 1
         msg["id"] = self._next
+        if msg["op"] == "add":  # (a retry after a failover must not add twice)
+            msg.setdefault("req", f"{id(self):x}.{self._next}")
         fut = asyncio.get_running_loop().create_future()
         self._pending[self._next] = fut
-        self._writer.write(_encode(msg))
+        self._sent[self._next] = msg
+        if not self._failing_over:
+            self._writer.write(_encode(msg))
         try:
             reply = await within(fut, timeout, msg["op"], message=(
                 f"bootstrap store {self.address}: {msg['op']} {msg.get('key', '')!r} "
                 f"got no answer in {timeout or 0:g} s"))
         except CommTimeoutError:
             self._pending.pop(msg["id"], None)
+            self._sent.pop(msg["id"], None)
             raise
         if not reply.get("ok"):
             raise BootstrapError(f"bootstrap store error: {reply.get('error')}")
@@ -561,6 +816,7 @@ class StoreClient:
     async def join(self, rank: int, timeout: float | None = 60.0) -> list[int]:
         """Register this connection as ``rank``'s liveness watch; returns ranks already dead."""
         reply = await self._call({"op": "join", "rank": rank}, timeout)
+        self._joined_rank = rank
         life = reply.get("life")
         self.life = life if type(life) is int else 1
         pairs = reply.get("dead_lives")
@@ -573,8 +829,11 @@ class StoreClient:
     def notify(self, to: list[int], value: str) -> None:
         """Relay ``value`` to the joined ranks ``to`` (not answered, not awaited: written
         at once; nothing when the connection is gone)."""
-        if not self._task.done():
-            self._writer.write(_encode({"op": "notify", "to": to, "value": value}))
+        msg = {"op": "notify", "to": to, "value": value}
+        if self._failing_over:
+            self._held.append(msg)
+        elif not self._task.done():
+            self._writer.write(_encode(msg))
 
     async def decide(self, key: str, members: list[int], value: str,
                      timeout: float | None, lives: list[int] | None = None
@@ -597,6 +856,82 @@ class StoreClient:
         except (TypeError, ValueError):
             raise BootstrapError(f"bootstrap store {self.address}: a malformed decision") \
                 from None
+
+    async def replicate(self, on_snapshot: Callable[[dict], None],
+                        on_repl: Callable[[dict], None], timeout: float | None) -> None:
+        """Follow the store as its standby: ``on_snapshot(state)``, then ``on_repl(change)``
+        for every change, in order (``StoreServer.load``/``apply``)."""
+        self.on_snapshot, self.on_repl = on_snapshot, on_repl
+        await self._call({"op": "replicate"}, timeout)
+
+    async def _fail_over(self) -> bool:
+        """The store's connection dropped: go on with the standby, if there is one and
+        this connection did not mean to leave (rejoin as the same rank and life, send
+        what was not answered again). False: no failover (the connection is lost)."""
+        standby, self.standby = self.standby, None  # (one failover)
+        if standby is None or self._leaving or self._store_closing:
+            return False
+        self._failing_over = True
+        try:
+            host, port = standby
+            try:
+                new = await StoreClient._open(host, port, self._token, FAILOVER_CONNECT_S)
+            except (BootstrapError, CommTimeoutError, OSError) as exc:
+                log.warning("store: the standby %s:%d cannot be reached (%s)", host, port,
+                            exc)
+                return False
+            self._writer.close()
+            self._reader, self._writer = new
+            log.warning("store: lost the bootstrap store %s; going on with its standby "
+                        "%s:%d", self.address, host, port)
+            self.address = f"{host}:{port}"
+            if self._joined_rank is not None:
+                self._next += 1
+                fut = asyncio.get_running_loop().create_future()
+                self._pending[self._next] = fut
+                fut.add_done_callback(self._rejoined)
+                self._writer.write(_encode({"op": "join", "rank": self._joined_rank,
+                                            "life": self.life, "id": self._next}))
+            for rid in sorted(self._sent):
+                self._writer.write(_encode(self._sent[rid]))
+            for msg in self._held:
+                self._writer.write(_encode(msg))
+            self._held.clear()
+            return True
+        finally:
+            self._failing_over = False
+
+    def _rejoined(self, fut: asyncio.Future) -> None:
+        reply = fut.result() if not fut.cancelled() and fut.exception() is None else {}
+        if not reply.get("ok"):
+            log.warning("store: the standby refused this rank back (%s)",
+                        reply.get("error"))
+            self._writer.close()  # (lost: the read loop ends, on_lost is called)
+            return
+        pairs = reply.get("dead_lives")
+        if self.on_dead is not None and isinstance(pairs, list):
+            for p in pairs:  # (the primary's host among them)
+                if isinstance(p, list) and len(p) == 2 and type(p[0]) is int \
+                        and type(p[1]) is int:
+                    self.on_dead(p[0], False, p[1])
+
+    @staticmethod
+    async def _open(host: str, port: int, token: str, timeout: float
+                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to a store, authenticated."""
+        reader, writer = await within(asyncio.open_connection(host, port), timeout,
+                                      "connect")
+        writer.write(_encode({"op": "auth", "token": token}))
+        try:
+            reply = await within(_read_frame(reader), timeout, "handshake")
+        except BaseException:
+            writer.close()
+            raise
+        if not reply.get("ok"):
+            writer.close()
+            raise BootstrapError(f"store {host}:{port} refused us: {reply.get('error')}")
+        watch_liveness(writer)
+        return reader, writer
 
     async def leave(self, timeout: float | None = 10.0) -> None:
         self._leaving = True
