@@ -73,7 +73,9 @@ async def _rank(mode: str) -> None:
 
     import ucxcomm
 
-    restart = int(os.environ.get("UCXCOMM_RESTART_COUNT", "0"))
+    from ucxcomm import settings
+
+    restart = settings.get("UCXCOMM_RESTART_COUNT")
     comm = await ucxcomm.init()
     if restart:  # the replacement (mode "rejoin")
         now = time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -117,8 +119,8 @@ async def _rank(mode: str) -> None:
 # ------------------------------------------------------------------ driver side
 def _job(n: int, mode: str, timeout: float) -> list[str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("UCXCOMM_RANK", "UCXCOMM_SIZE", "UCXCOMM_STORE", "RANK",
-                                "WORLD_SIZE", "UCXCOMM_RESTART"))}
+           if k not in ("UCXCOMM_RANK", "UCXCOMM_SIZE", "UCXCOMM_STORE", "RANK", "WORLD_SIZE",
+                        "UCXCOMM_RESTART_COUNT")}
     env["ELASTIC_KILL_AT"] = str(random.randrange(20, 200))
     cmd = [sys.executable, "-m", "ucxcomm.cli", "run", "--elastic", "-n", str(n),
            "--timeout", str(timeout)]
