@@ -72,7 +72,6 @@ async def _rank(mode: str) -> None:
     import numpy as np
 
     import ucxcomm
-
     from ucxcomm import settings
 
     restart = settings.get("UCXCOMM_RESTART_COUNT")
