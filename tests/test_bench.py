@@ -241,6 +241,7 @@ def test_elastic_suite(tmp_path):
     assert [r for r in recs if r["what"] == "rejoin" and 0 < r["seconds"] < 60]
     assert all(r["before_GBps"] > 0 and r["after_GBps"] > 0
                for r in recs if r["what"] == "bandwidth")
-    for line in ("detect-to-shrunk", "2 ranks: p50", "8 ranks: p50", "rejoin",
-                 "before / after a shrink"):
+    assert len([r for r in recs if r["what"] == "revoke" and 0 < r["seconds"] < 5]) == 20
+    for line in ("detect-to-shrunk", "2 ranks: p50", "8 ranks: p50", "revoke (rank 0",
+                 "rejoin", "before / after a shrink"):
         assert line in proc.stdout, proc.stdout

@@ -7,6 +7,9 @@ Every figure comes from jobs of ``ucxcomm run --elastic`` on this host:
   survivor catches the failure, revokes, agrees and shrinks, and prints its clock once it
   holds the shrunk communicator. A trial's figure is the slowest survivor's. p50 and p99
   over the trials, at 2, 4 and 8 ranks (one job per trial).
+* **revoke**: at 4 ranks, rank 0 revokes a fresh communicator while the others are
+  blocked in a receive on it; the time to the last one's ``Revoked`` (20 trials, one
+  job).
 * **rejoin**: with ``--max-restarts 1``, the time from the replacement's process start
   (``/proc/self/stat``, 10 ms resolution) to its ``init()`` returning the grown
   communicator (Python and UCX start-up included); the survivors call ``grow`` as soon as
@@ -68,6 +71,34 @@ async def _bandwidth(comm: Any) -> float:
     return best
 
 
+async def _revoke_trials(comm: Any, trials: int = 20) -> None:
+    """Rank 0 revokes a fresh dup while every other rank is blocked in a receive on it;
+    prints the time from the revoke to the last rank's ``Revoked``, per trial."""
+    import numpy as np
+
+    import ucxcomm
+
+    for _ in range(trials):
+        c = await comm.dup()
+        if comm.rank == 0:
+            for s in range(1, comm.size):
+                await comm.recv(s, tag=3)  # (each is about to block)
+            t0 = time.monotonic()
+            c.revoke()
+        else:
+            req = c.Irecv(np.empty(1), 0, tag=4)
+            await comm.send(None, 0, tag=3)
+            try:
+                await req
+            except ucxcomm.Revoked:
+                pass
+            t0 = time.monotonic()
+        got = await comm.gather(t0, root=0)
+        if comm.rank == 0:
+            print(f"REVOKE {max(got[1:]) - got[0]:.6f}", flush=True)
+        await c.close()
+
+
 async def _rank(mode: str) -> None:
     import numpy as np
 
@@ -76,6 +107,10 @@ async def _rank(mode: str) -> None:
 
     restart = settings.get("UCXCOMM_RESTART_COUNT")
     comm = await ucxcomm.init()
+    if mode == "revoke":
+        await _revoke_trials(comm)
+        await ucxcomm.finalize()
+        return
     if restart:  # the replacement (mode "rejoin")
         now = time.clock_gettime(time.CLOCK_BOOTTIME)
         print(f"REJOIN {now - _started_s():.4f}", flush=True)
@@ -151,6 +186,9 @@ def run(sizes: tuple[int, ...] = (2, 4, 8), trials: int = 20,
             assert len(shrunk) == n - 1, lines
             records.append({"what": "detect_to_shrunk", "ranks": n, "trial": t,
                             "seconds": max(shrunk) - kill})
+    for line in _job(4, "revoke", timeout):
+        if line.startswith("REVOKE "):
+            records.append({"what": "revoke", "ranks": 4, "seconds": float(line.split()[1])})
     for t in range(max(3, trials // 4)):
         lines = _job(3, "rejoin", timeout)
         records.append({"what": "rejoin", "ranks": 3, "trial": t,
@@ -172,6 +210,11 @@ def table(records: list[dict[str, Any]]) -> str:
               if r["what"] == "detect_to_shrunk" and r["ranks"] == n]
         out.append(f"  {n} ranks: p50 {_pct(ms, 0.5):7.1f} ms  p99 {_pct(ms, 0.99):7.1f} ms  "
                    f"max {max(ms):7.1f} ms  ({len(ms)} trials)")
+    revoke = [r["seconds"] * 1e3 for r in records if r["what"] == "revoke"]
+    if revoke:
+        out.append(f"revoke (rank 0 revokes -> the last of 3 ranks blocked in a receive "
+                   f"raises Revoked), 4 ranks: p50 {_pct(revoke, 0.5):.2f} ms, max "
+                   f"{max(revoke):.2f} ms ({len(revoke)} trials)")
     rejoin = [r["seconds"] for r in records if r["what"] == "rejoin"]
     if rejoin:
         out.append(f"rejoin (replacement's start -> its init() returns the grown "
