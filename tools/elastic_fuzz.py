@@ -3,9 +3,11 @@
     python tools/elastic_fuzz.py [--schedules N] [--seed S] [--timeout T]
 
 Each schedule (drawn from the seed: the same seed, the same schedules) runs
-tests/spmd/elastic_fuzz_prog.py under ``ucxcomm run --elastic`` on 3 or 4 ranks, with
-1 or 2 victims (any rank, rank 0 included; never all) that each kill themselves
-(SIGKILL) before a random step of a random round. The survivors must all print
+tests/spmd/elastic_fuzz_prog.py on 3 or 4 ranks, under ``ucxcomm run --elastic`` (two in
+three) or a torchrun-style launch (rank 0 hosts the store, rank 1 a standby of it), with
+1 or 2 victims (any rank, rank 0 included; never all, and never ranks 0 and 1 together
+in a torchrun-style launch) that each kill themselves (SIGKILL) before a random step of
+a random round. The survivors must all print
 ``FUZZ-OK`` with the expected final size, the job must exit 0 before its deadline, and
 no rank may see a wrong byte. Prints the seed first and one line per failing schedule
 (its JSON and the job's output), then ``schedules N, passed P, hangs H, wrong results
@@ -29,10 +31,16 @@ ROUNDS = 4
 
 
 def draw(rng: random.Random) -> dict:
-    """One schedule."""
+    """One schedule: ``ucxcomm run --elastic`` (the launcher hosts the store), or a
+    torchrun-style launch (rank 0 hosts it, rank 1 a standby; both dying is not
+    survivable, so they are never both victims there)."""
     n = rng.choice((3, 4))
-    victims = rng.sample(range(n), rng.choice((1, 1, 2)))
-    return {"ranks": n, "rounds": ROUNDS, "deadline": 40.0,
+    launcher = rng.choice(("run", "run", "torchrun"))
+    while True:
+        victims = rng.sample(range(n), rng.choice((1, 1, 2)))
+        if launcher == "run" or not {0, 1} <= set(victims):
+            break
+    return {"ranks": n, "rounds": ROUNDS, "deadline": 40.0, "launcher": launcher,
             "victims": {str(v): [rng.randrange(ROUNDS), rng.choice(STEPS)]
                         for v in victims}}
 
@@ -43,6 +51,8 @@ def run_one(sched: dict, timeout: float) -> tuple[str, str]:
            if not k.startswith(("UCXCOMM_RANK", "UCXCOMM_SIZE", "UCXCOMM_STORE", "RANK",
                                 "WORLD_SIZE", "UCXCOMM_RESTART"))}
     env.update(ELASTIC_FUZZ=json.dumps(sched), PYTHONUNBUFFERED="1")
+    if sched.get("launcher") == "torchrun":
+        return _torchrun_style(sched, env, timeout)
     cmd = [sys.executable, "-m", "ucxcomm.cli", "run", "--elastic", "-n",
            str(sched["ranks"]), "--tag-output", "--timeout", str(timeout), sys.executable,
            str(PROG)]
@@ -51,17 +61,50 @@ def run_one(sched: dict, timeout: float) -> tuple[str, str]:
                               timeout=timeout + 60, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         return "hang", f"{exc.stdout or ''}{exc.stderr or ''}"
-    out = proc.stdout + proc.stderr
+    return _verdict(sched, proc.returncode, proc.stdout, proc.stdout + proc.stderr)
+
+
+def _torchrun_style(sched: dict, env: dict, timeout: float) -> tuple[str, str]:
+    """The schedule with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT only (no launcher to
+    end a hang: each rank's own deadline, then this one's)."""
+    sys.path.insert(0, str(ROOT))
+    from ucxcomm.launch import free_port
+
+    port = free_port(span=2)
+    n = sched["ranks"]
+    procs = [subprocess.Popen(
+        [sys.executable, str(PROG)], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+        env=dict(env, RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port))) for r in range(n)]
+    outs, hung = [], False
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout + 60)[0])
+        except subprocess.TimeoutExpired:
+            hung = True
+            p.kill()
+            outs.append(p.communicate()[0])
+    victims = {int(v) for v in sched["victims"]}
+    text = "".join(f"[{r}] {line}\n" for r, o in enumerate(outs) for line in o.splitlines())
+    if hung:
+        return "hang", text
+    bad = [r for r, p in enumerate(procs) if r not in victims and p.returncode != 0]
+    return _verdict(sched, 1 if bad else 0, text, text)
+
+
+def _verdict(sched: dict, returncode: int, stdout: str, out: str) -> tuple[str, str]:
+    """``(outcome, out)`` of a finished schedule from its exit status and output."""
     if "AssertionError" in out:
         return "wrong", out
-    if proc.returncode == 124 or "timed out after" in out or "TimeoutError" in out:
+    if returncode == 124 or "timed out after" in out or "TimeoutError" in out:
         return "hang", out
     survivors = sorted(set(range(sched["ranks"])) - {int(v) for v in sched["victims"]})
     size = len(survivors)
     for r in survivors:
-        if f"FUZZ-OK rank {r} rounds {ROUNDS} size {size} " not in proc.stdout:
+        if f"FUZZ-OK rank {r} rounds {ROUNDS} size {size} " not in stdout:
             return "failed", out
-    if proc.returncode != 0 or "Traceback" in out:
+    if returncode != 0 or "Traceback" in out:
         return "failed", out
     return "ok", out
 
