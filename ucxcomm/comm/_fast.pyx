@@ -513,6 +513,17 @@ cdef class P2P:
         return res
 
 
+cdef inline object _pending_send(object sends, object sent):
+    """``sends`` (None or a list) with ``sent`` added when it is a future (a send that
+    did not complete at once)."""
+    if sent is None:
+        return sends
+    if sends is None:
+        return [sent]
+    sends.append(sent)
+    return sends
+
+
 # ====================================================================== small collectives
 cdef class FastCollectives:
     """A communicator's small collectives, each in one call into compiled code, for 2 to
@@ -663,10 +674,7 @@ cdef class FastCollectives:
             q = self.ranks[i]
             sent = eng.c_send_to(ep.handle, sbase + q * sstep, <size_t>nb, sref, stag,
                                  ep.peers, ep.fast)
-            if sent is not None:
-                if sends is None:
-                    sends = []
-                sends.append(sent)
+            sends = _pending_send(sends, sent)
         eng.c_check(self.rpeers)
         got = None
         for i in range(others):
@@ -1030,10 +1038,7 @@ cdef class FastCollectives:
                 else:
                     sent = eng.c_send_to(ep.handle, shared, <size_t>slen, self.stage_ref, stag,
                                          ep.peers, ep.fast)
-                if sent is not None:
-                    if sends is None:
-                        sends = []
-                    sends.append(sent)
+                sends = _pending_send(sends, sent)
             # this rank's own part, where the rows are read
             if kind == K_ALLREDUCE:
                 memcpy(<char *>base + me * row + FP_HDR, sbuf, nb)
@@ -1121,10 +1126,7 @@ cdef class FastCollectives:
                 ep = self.eps[i]
                 sent = eng.c_send_to(ep.handle, shared, <size_t>n, self.stage_ref, stag,
                                      ep.peers, ep.fast)
-                if sent is not None:
-                    if sends is None:
-                        sends = []
-                    sends.append(sent)
+                sends = _pending_send(sends, sent)
             recvs = self._recv_rows(base, seq)
         except BaseException:  # (operations may be posted on the scratch: not reused)
             self.stage = None
