@@ -4,11 +4,17 @@ Every rank of ``ucxcomm run --elastic -n N`` runs the same mixed workload, round
 round: a point-to-point ring (small and 1 MiB), ``Allreduce`` (8 B, compiled, and 1 MiB),
 ``Bcast`` from a rotating root, an object ``allgather``, and a window ``Put`` + ``Fence``.
 ``ELASTIC_FUZZ`` holds the schedule (JSON): the victims, and for each the round and the
-step of the round before which it kills itself (SIGKILL). Every result is checked
-against what the current members must produce (a wrong byte fails the schedule). When a
-step raises ``PeerFailure`` or ``Revoked``, the survivor revokes, agrees, shrinks, and
-goes on with the remaining rounds on the shrunk communicator. Each survivor prints
-``FUZZ-OK rank R rounds K size S`` at the end; every wait is bounded (a hang fails).
+step of the round before which it kills itself (SIGKILL), or, with action ``cut`` (in a
+network-namespace cluster, ``tools/elastic_fuzz.py --netns``), takes its own host's link
+down at the bridge (the command in ``ELASTIC_FUZZ_CUT``) and, with a heal time, brings
+it back that many seconds later. Every result is checked against what the current
+members must produce (a wrong byte fails the schedule). When a step raises
+``PeerFailure`` or ``Revoked``, the survivor revokes, agrees, shrinks, and goes on with
+the remaining rounds on the shrunk communicator. Each survivor prints ``FUZZ-OK rank R
+rounds K size S recoveries C members [...]`` (world ranks) at the end; a rank that can
+no longer agree (cut off: it lost the store, or its side of a partition was fenced)
+prints ``FUZZ-OUT rank R: <why>`` and exits 3 after finalizing (bounded: else
+``FUZZ-FINALIZE-HUNG``). Every wait is bounded (a hang fails).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 
@@ -73,11 +81,23 @@ async def main() -> None:
     rounds, deadline = schedule["rounds"], schedule["deadline"]
     comm = await ucxcomm.init()
     me = comm.rank
-    kills = {int(v): (rd, step) for v, (rd, step) in schedule["victims"].items()}
+    kills = {int(v): tuple(a) for v, a in schedule["victims"].items()}
 
     def hook(k, step):
-        if me in kills and kills[me] == (k, step):
+        if me not in kills or kills[me][:2] != (k, step):
+            return  # (kills.pop below: once, though a round may run again)
+        what = kills.pop(me)
+        action = what[2] if len(what) > 2 else "kill"
+        if action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        link = json.loads(os.environ["ELASTIC_FUZZ_CUT"])
+        subprocess.run(link["down"], check=True, timeout=30)
+        print(f"FUZZ-CUT rank {me} round {k} step {step}", flush=True)
+        heal = what[3]
+        if heal is not None:  # (outlives this process: it may end first)
+            subprocess.Popen(["sh", "-c", 'sleep "$0"; exec "$@"', str(heal), *link["up"]],
+                             start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
 
     world = comm
     ids = list(range(comm.size))
@@ -92,18 +112,27 @@ async def main() -> None:
             except (PeerFailure, Revoked):
                 comm.revoke()
                 completed = False
-            ok, failed = await comm.agree(completed)
+            try:
+                ok, failed = await comm.agree(completed)
+                if failed:
+                    await win.Free()  # (failed communicator: local)
+                    comm = await comm.shrink()
+            except PeerFailure as exc:  # (cut off, or fenced)
+                print(f"FUZZ-OUT rank {me}: {exc}", flush=True)
+                try:
+                    await asyncio.wait_for(ucxcomm.finalize(), 15)
+                except TimeoutError:
+                    print(f"FUZZ-FINALIZE-HUNG rank {me}", flush=True)
+                sys.exit(3)
             if failed:
-                await win.Free()  # (failed communicator: local)
-                comm = await comm.shrink()
                 ids = [w for i, w in enumerate(ids) if i not in failed]
                 win = await ucxcomm.Win.Allocate(comm, 64)
                 recoveries += 1
             if ok:
                 k += 1
         await win.Free()
-        print(f"FUZZ-OK rank {me} rounds {k} size {comm.size} recoveries {recoveries}",
-              flush=True)
+        print(f"FUZZ-OK rank {me} rounds {k} size {comm.size} recoveries {recoveries} "
+              f"members {ids}", flush=True)
         if comm is not world:
             await comm.close()
         await ucxcomm.finalize()

@@ -125,7 +125,7 @@ async def _decide(g: Group, what: str, value: str, timeout: float | None
                                                 lives=list(g.lives))
     except BootstrapError as exc:
         raise PeerFailure(f"{what}: the bootstrap store, which coordinates it, is gone "
-                          f"({exc})") from None
+                          f"or refused to decide ({exc})") from None
     dead = frozenset(gone)
     members = set(g.members)
     if not dead <= members or not values.keys() <= members - dead:

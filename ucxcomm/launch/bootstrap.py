@@ -290,7 +290,7 @@ async def _form_world_steps(spec: WorldSpec, deadline: Deadline, config: dict[st
             warning = guessable_token_warning(spec, bind)
             if warning:
                 log.warning(warning)
-            server = await StoreServer(spec.token, bind, spec.port).start()
+            server = await StoreServer(spec.token, bind, spec.port, fence=True).start()
         try:
             client = await StoreClient.connect(spec.host, spec.port, spec.token,
                                               deadline.left() or 0.0)
@@ -368,7 +368,7 @@ async def _start_standby(spec: WorldSpec, client: StoreClient, deadline: Deadlin
     assert spec.host is not None and spec.port is not None
     sock = client._writer.get_extra_info("sockname")
     mine = sock[0] if sock else "127.0.0.1"  # (the address the primary sees us from)
-    standby = await StoreServer(spec.token, mine, 0).start()
+    standby = await StoreServer(spec.token, mine, 0, fence=True).start()
     try:
         follower = await StoreClient.connect(spec.host, spec.port, spec.token,
                                              deadline.left() or 0.0)
@@ -380,7 +380,8 @@ async def _start_standby(spec: WorldSpec, client: StoreClient, deadline: Deadlin
 
     def lost(closing: bool) -> None:
         if not closing:  # (the primary's host rank died: serve)
-            standby.take_over(0, FAILOVER_GRACE_S, also=primary)
+            standby.take_over(0, FAILOVER_GRACE_S, also=primary,
+                              silent=follower.lost_silently)
 
     follower.on_lost = lost
     try:

@@ -34,6 +34,16 @@ there that has not come back within ``FAILOVER_GRACE_S`` too, open decisions are
 decided there, and it listens on the primary's address as well where it can (a
 replacement of rank 0 finds it there). It does not survive the primary and the standby
 dying together.
+
+Partitions. A killed process's kernel closes its connections (end of stream or reset),
+but a cut link or a dead host sends nothing: the connection ends silently, at
+``UCXCOMM_LIVENESS_S`` (``_net.watch_liveness``), and the two sides cannot tell a dead
+peer from one on the other side of a partition. A store that a member rank hosts (the
+primary on rank 0, the standby on rank 1) may itself be on the minority side, so it is
+created with ``fence=True``: it refuses a decision (``{"ok": false, "fenced": true}``)
+whose members lost silently are half of its members or more, and the members on that
+side fail instead of going on as a second job. A store outside the ranks (the launcher's)
+is the arbiter itself: a rank that cannot reach it cannot decide anything.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import hmac
 import json
 import logging
@@ -92,6 +103,13 @@ _FIELDS: dict[Any, tuple[tuple[str, type], ...]] = {
     "add": (("key", str), ("amount", int)), "join": (("rank", int),),
     "notify": (("to", list), ("value", str)),
     "decide": (("key", str), ("members", list), ("value", str))}
+
+
+def _silent_loss(exc: BaseException | None) -> bool:
+    """Whether a connection ended without word from the other host (no end of stream, no
+    reset): a liveness timeout, or the network said the host is unreachable."""
+    return isinstance(exc, OSError) and exc.errno in (
+        errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)
 
 
 def _ranks_field(msg: dict, name: str) -> list[int]:
@@ -157,9 +175,13 @@ class StoreServer:
         Address to bind (``"0.0.0.0"`` for all interfaces).
     port : int
         Port to bind; 0 picks a free one (see :attr:`port`).
+    fence : bool
+        A member rank hosts this store (module doc, "Partitions"): refuse decisions
+        whose members lost silently are half of the members or more.
     """
 
-    def __init__(self, token: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, token: str, host: str = "127.0.0.1", port: int = 0,
+                 fence: bool = False) -> None:
         if not token:
             raise ValueError("the store needs a non-empty token")
         self._token = token.encode()
@@ -189,6 +211,9 @@ class StoreServer:
         self._added: dict[str, int] = {}  # (standby) request -> the count it got
         self._awaiting: dict[int, int] = {}
         self._extra: list[Any] = []
+        #: Ranks (and the life) whose connection ended silently (``_silent_loss``).
+        self.fence = fence
+        self._silent: dict[int, int] = {}
 
     @property
     def port(self) -> int:
@@ -239,6 +264,7 @@ class StoreServer:
                 "lives": {str(r): n for r, n in self._lives.items()},
                 "joined": {str(r): self._life_of.get(w, 1) for w, r in self._ranks.items()},
                 "dead": self.dead, "left": self.left,
+                "silent": {str(r): n for r, n in self._silent.items()},
                 "decisions": [{"key": k, "members": sorted(d.members),
                                "lives": [d.lives[m] for m in sorted(d.members)],
                                "values": {str(r): v for r, v in d.values.items()},
@@ -253,6 +279,7 @@ class StoreServer:
         self._awaiting.update({int(r): int(n) for r, n in snap["joined"].items()})
         self.dead[:] = [int(r) for r in snap["dead"]]
         self.left[:] = [int(r) for r in snap["left"]]
+        self._silent.update({int(r): int(n) for r, n in snap.get("silent", {}).items()})
         for d in snap["decisions"]:
             members = [int(m) for m in d["members"]]
             dec = self._decisions[d["key"]] = _Decision(
@@ -283,6 +310,8 @@ class StoreServer:
             if self._awaiting.get(rank) == ended:
                 del self._awaiting[rank]
             (self.left if change.get("how") == "left" else self.dead).append(rank)
+            if change.get("silent") is True and type(ended) is int:
+                self._silent[rank] = ended
             self._notify_gone(rank, ended)
         elif op == "contrib":
             members = [int(m) for m in change["members"]]
@@ -305,18 +334,19 @@ class StoreServer:
                     writer.write(_encode(dict(change["answer"], id=rid)))
 
     def take_over(self, host_rank: int | None, grace: float,
-                  also: tuple[str, int] | None = None) -> None:
+                  also: tuple[str, int] | None = None, silent: bool = False) -> None:
         """(A standby whose primary is gone.) Serve from now on: the primary's host
-        rank is dead; the ranks that were joined there and do not come back within
-        ``grace`` seconds are dead too; open decisions are decided here. ``also``: the
-        primary's own address, listened on as well where this host can (replacements
-        that know only it find this store there)."""
+        rank is dead (``silent``: the link to it ended silently, "Partitions"); the
+        ranks that were joined there and do not come back within ``grace`` seconds are
+        dead too (silently); open decisions are decided here. ``also``: the primary's
+        own address, listened on as well where this host can (replacements that know
+        only it find this store there)."""
         if not self.following:
             return
         self.following = False
         loop = asyncio.get_running_loop()
         if host_rank is not None and host_rank in self._awaiting:
-            self._declare_dead(host_rank, self._awaiting.pop(host_rank))
+            self._declare_dead(host_rank, self._awaiting.pop(host_rank), silent)
         loop.call_later(grace, self._give_up_awaiting)
         for key in list(self._decisions):
             if key in self._decisions:
@@ -332,8 +362,10 @@ class StoreServer:
         while len(self._answers) > MAX_ANSWERS:
             del self._answers[next(iter(self._answers))]
 
-    def _declare_dead(self, rank: int, life: int) -> None:
+    def _declare_dead(self, rank: int, life: int, silent: bool) -> None:
         self.dead.append(rank)
+        if silent:
+            self._silent[rank] = life
         event = _encode({"event": "dead", "rank": rank, "life": life})
         for w in list(self._clients):
             with contextlib.suppress(Exception):
@@ -345,7 +377,7 @@ class StoreServer:
             del self._awaiting[rank]
             log.warning("store (standby): rank %d did not come back after the failover",
                         rank)
-            self._declare_dead(rank, life)
+            self._declare_dead(rank, life, True)
 
     async def _listen_also(self, host: str, port: int) -> None:
         with contextlib.suppress(OSError):
@@ -372,8 +404,15 @@ class StoreServer:
         if not d.members <= gone | d.values.keys():
             return
         del self._decisions[key]
-        answer = {"ok": True, "dead": sorted(gone),
-                  "values": {str(r): v for r, v in d.values.items() if r not in gone}}
+        silent = sorted(m for m in gone if self._silent.get(m) == d.lives[m])
+        if self.fence and len(d.members) > 1 and 2 * len(silent) >= len(d.members):
+            answer = {"ok": False, "fenced": True, "error": (
+                f"ranks {silent} of the {len(d.members)} members went silent (a cut link "
+                "or a dead host): this side of the job may be the minority of a network "
+                "partition, so it stops here")}
+        else:
+            answer = {"ok": True, "dead": sorted(gone),
+                      "values": {str(r): v for r, v in d.values.items() if r not in gone}}
         self._repl({"op": "answer", "key": key, "answer": answer})
         self._remember(key, answer)
         for writer, rid in d.waiters:
@@ -397,7 +436,7 @@ class StoreServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        stopping = False
+        stopping = silent = False
         try:
             if self._unauthenticated >= MAX_UNAUTHENTICATED:
                 log.warning("store: too many unauthenticated connections; dropped %s", peer)
@@ -423,8 +462,8 @@ class StoreServer:
                 await self._handle(msg, writer)
         except _BadFrame as exc:
             log.warning("store: dropped %s: %s", peer, exc)
-        except (asyncio.IncompleteReadError, OSError):  # (ETIMEDOUT: watch_liveness)
-            pass
+        except (asyncio.IncompleteReadError, OSError) as exc:  # (ETIMEDOUT: watch_liveness)
+            silent = _silent_loss(exc)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             log.warning("store: dropped %s after a malformed request (%s: %s)", peer,
                         type(exc).__name__, exc)
@@ -445,8 +484,12 @@ class StoreServer:
                 self._replica = None
             if rank is not None and not stopping:
                 self.dead.append(rank)
-                self._repl({"op": "gone", "rank": rank, "life": life, "how": "dead"})
-                log.info("store: rank %d disconnected without leaving", rank)
+                if silent and life is not None:
+                    self._silent[rank] = life
+                self._repl({"op": "gone", "rank": rank, "life": life, "how": "dead",
+                            "silent": silent})
+                log.info("store: rank %d disconnected without leaving%s", rank,
+                         " (silently: no reset, no end of stream)" if silent else "")
                 event = _encode({"event": "exited" if exiting else "dead", "rank": rank,
                                  "life": life})
                 for w in list(self._clients):
@@ -667,6 +710,9 @@ class StoreClient:
         self.on_notice: Callable[[int, str], None] | None = None
         self._store_closing = False
         self._leaving = False
+        #: Whether the connection (to the store followed last) ended silently
+        #: (module doc, "Partitions"): read by a standby that takes over.
+        self.lost_silently = False
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
@@ -723,7 +769,8 @@ class StoreClient:
             while True:
                 try:
                     msg = await _read_frame(self._reader)
-                except (asyncio.IncompleteReadError, OSError, ValueError):
+                except (asyncio.IncompleteReadError, OSError, ValueError) as exc:
+                    self.lost_silently = _silent_loss(exc)
                     if await self._fail_over():
                         continue
                     raise

@@ -111,7 +111,7 @@ def form_world(lt: LoopThread, store: Any, rank: int, size: int, timeout: float)
         server = None
         if rank == 0 and size > 1:
             try:
-                server = await StoreServer(token, bind, 0).start()
+                server = await StoreServer(token, bind, 0, fence=True).start()
             except BaseException:
                 worker.abort()
                 raise
