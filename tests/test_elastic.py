@@ -191,6 +191,21 @@ def test_rank_0_dies_under_torchrun_style_and_its_replacement_rejoins():
     run_kill("replace_dead_rank", 3, 0, launcher="torchrun", replace=True)
 
 
+def test_torchrun_style_rank_1_then_rank_0():
+    """Under a torchrun-style launch, rank 1 (the standby's host) dies, then, rounds later,
+    rank 0 (the store's host): the store elected a new standby on rank 2 after the first
+    death, so the survivors fail over to it and go on (before the election, rank 0's
+    death after rank 1's lost the store and every survivor failed)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import elastic_fuzz
+
+    sched = {"ranks": 4, "rounds": elastic_fuzz.ROUNDS, "deadline": 40.0,
+             "launcher": "torchrun", "victims": {"1": [0, "allreduce"], "0": [2, "ring"]}}
+    outcome, out = elastic_fuzz.run_one(sched, 60.0)
+    assert outcome == "ok", f"{outcome}\n{out[-TAIL:]}"
+    assert "rank 2: keeps the standby store" in out or "FUZZ-OK rank 2" in out, out
+
+
 # ------------------------------------------------------------- replacements
 def run_steps(name: str, nranks: int, steps: list[tuple[int, set[str]]],
               restarts: dict[int, int]) -> str:

@@ -526,3 +526,60 @@ async def server_set_and_wait(client, server, standby):
     got = await StoreClient.connect("127.0.0.1", standby.port, TOKEN, timeout=10)
     assert await got.get("after", 10) == b"1"
     await got.close()
+
+
+async def test_a_standby_that_dies_is_replaced_by_an_election():
+    """The standby (rank 1's) names itself: every client learns its address (event, and
+    the answer to a later join). When its link drops without ``leave`` (rank 1 died),
+    the store asks the lowest other joined rank to keep a standby, the next one if that
+    rank dies first; a standby that leaves is not replaced."""
+    from ucxcomm.launch.store import StoreServer as Server
+
+    primary = await Server(TOKEN, "127.0.0.1", 0).start()
+    primary.host_rank = 0
+    clients = []
+    for r in range(4):
+        c = await StoreClient.connect("127.0.0.1", primary.port, TOKEN, timeout=10)
+        await c.join(r)
+        clients.append(c)
+    asked: asyncio.Queue = asyncio.Queue()
+    for r, c in enumerate(clients):
+        c.on_standby_wanted = lambda host, r=r: asked.put_nowait((r, host))
+    standby = await Server(TOKEN, "127.0.0.1", 0).start()
+    follower = await StoreClient.connect("127.0.0.1", primary.port, TOKEN, timeout=10)
+    await follower.replicate(standby.load, standby.apply, 10, rank=1,
+                             address=f"127.0.0.1:{standby.port}")
+    await clients[3].set("sync", b"1")  # (the event went out before this answer)
+    for c in clients:
+        assert c.standby == ("127.0.0.1", standby.port)
+    late = await StoreClient.connect("127.0.0.1", primary.port, TOKEN, timeout=10)
+    await late.join(7)
+    assert late.standby == ("127.0.0.1", standby.port)
+    # rank 1 dies: its standby's link and its own connection drop
+    follower._writer.transport.abort()
+    clients[1]._writer.transport.abort()
+    assert await asyncio.wait_for(asked.get(), 10) == (2, 0)
+    # rank 2 dies before it follows: rank 3 is asked
+    clients[2]._writer.transport.abort()
+    assert await asyncio.wait_for(asked.get(), 10) == (3, 0)
+    second = await StoreClient.connect("127.0.0.1", primary.port, TOKEN, timeout=10)
+    await second.replicate(standby.load, standby.apply, 10, rank=3,
+                           address=f"127.0.0.1:{standby.port}")
+    assert primary._wanted is None
+    await second.leave()  # (closing: no election)
+    assert primary.standby_address is None and primary._replica is None
+    await second.close()
+    await clients[0].set("sync", b"2")
+    assert asked.empty()
+    for c in (clients[0], clients[3], late):
+        await c.close()
+    await standby.close()
+    await primary.close()
+
+
+async def test_a_replicate_request_with_a_bad_address_is_refused(server, caplog):
+    caplog.set_level("WARNING")
+    c = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+    with pytest.raises(BootstrapError):
+        await c._call({"op": "replicate", "rank": 1, "address": 5}, 10)
+    assert "replicate: rank must be an int, address a host:port" in caplog.text

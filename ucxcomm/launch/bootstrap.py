@@ -30,7 +30,7 @@ import re
 import signal
 import socket
 import zlib
-from collections.abc import Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -291,6 +291,7 @@ async def _form_world_steps(spec: WorldSpec, deadline: Deadline, config: dict[st
             if warning:
                 log.warning(warning)
             server = await StoreServer(spec.token, bind, spec.port, fence=True).start()
+            server.host_rank = spec.rank
         try:
             client = await StoreClient.connect(spec.host, spec.port, spec.token,
                                               deadline.left() or 0.0)
@@ -353,6 +354,8 @@ async def _form_world_steps(spec: WorldSpec, deadline: Deadline, config: dict[st
         await watch_peers(world, client, server,
                           host_rank=0 if not spec.source == "ucxcomm" else None,
                           timeout=deadline.left() or 0.0)
+        if spec.source != "ucxcomm":
+            keep_standby_when_asked(world, client, spec)
         assert spec.host is not None and spec.port is not None
         from .status import serve
 
@@ -366,38 +369,83 @@ async def _start_standby(spec: WorldSpec, client: StoreClient, deadline: Deadlin
     and takes over when it goes (launch/store.py, "Standby"); its address published
     under ``w<gen>/standby``. Returns what closes it."""
     assert spec.host is not None and spec.port is not None
+    close, where = await start_standby(spec.token, client, spec.rank, 0,
+                                       (spec.host, spec.port), deadline.left())
+    try:
+        await client.set(f"w{_generation}/standby", where.encode(), deadline.left())
+    except BaseException:
+        await close()
+        raise
+    return close
+
+
+async def start_standby(token: str, client: StoreClient, rank: int, primary_rank: int,
+                        also: tuple[str, int] | None, timeout: float | None
+                        ) -> tuple[Callable[[], Awaitable[None]], str]:
+    """A standby of the store ``client`` is connected to (hosted by ``primary_rank``),
+    served by this process (``rank``), at the address the store sees ``client`` from:
+    it takes over when the link to the store drops (``also``: the job's first store
+    address, listened on too where this host can). Returns ``(close, "host:port")``."""
     sock = client._writer.get_extra_info("sockname")
     mine = sock[0] if sock else "127.0.0.1"  # (the address the primary sees us from)
-    standby = await StoreServer(spec.token, mine, 0, fence=True).start()
+    standby = await StoreServer(token, mine, 0, fence=True).start()
+    standby.host_rank = rank
+    host, _, port = client.address.rpartition(":")
     try:
-        follower = await StoreClient.connect(spec.host, spec.port, spec.token,
-                                             deadline.left() or 0.0)
+        follower = await StoreClient.connect(host, int(port), token, timeout or 0.0)
     except BaseException:
         await standby.close()
         raise
 
-    primary = (spec.host, spec.port)
-
     def lost(closing: bool) -> None:
         if not closing:  # (the primary's host rank died: serve)
-            standby.take_over(0, FAILOVER_GRACE_S, also=primary,
+            standby.take_over(primary_rank, FAILOVER_GRACE_S, also=also,
                               silent=follower.lost_silently)
 
     follower.on_lost = lost
+    where = f"{mine}:{standby.port}"
     try:
-        await follower.replicate(standby.load, standby.apply, deadline.left())
-        await client.set(f"w{_generation}/standby", f"{mine}:{standby.port}".encode(),
-                         deadline.left())
+        await follower.replicate(standby.load, standby.apply, timeout, rank=rank,
+                                 address=where)
     except BaseException:
         await follower.close()
         await standby.close()
         raise
 
     async def close() -> None:
+        await follower.leave(timeout=2.0)  # (a standby that leaves is not replaced)
         await follower.close()
         await standby.close()
 
-    return close
+    return close, where
+
+
+def keep_standby_when_asked(world: World, client: StoreClient, spec: WorldSpec) -> None:
+    """Start a standby when the store asks this rank to (its standby died, or a standby
+    took over: launch/store.py, "Standby"); closed with ``world``."""
+    tasks: set[asyncio.Task] = set()
+
+    def wanted(primary_rank: int) -> None:
+        if world.closed or tasks:
+            return
+
+        async def start() -> None:
+            try:
+                close, where = await start_standby(
+                    spec.token, client, world.rank, primary_rank,
+                    None if spec.host is None or spec.port is None else (spec.host, spec.port),
+                    10.0)
+            except Exception as exc:  # (the store asks again only after a change)
+                log.warning("rank %d: could not start a standby store (%s)", world.rank, exc)
+                return
+            log.info("rank %d: keeps the standby store at %s", world.rank, where)
+            world.closers.insert(0, close)
+
+        task = asyncio.get_running_loop().create_task(start())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    client.on_standby_wanted = wanted
 
 
 async def _join_running(spec: WorldSpec, deadline: Deadline, worker: Any,
@@ -445,6 +493,8 @@ async def _join_running(spec: WorldSpec, deadline: Deadline, worker: Any,
         _install_task_dump(spec.rank)
     await watch_peers(world, client, None, host_rank=None, timeout=deadline.left() or 0.0,
                       joined=True)
+    if spec.source != "ucxcomm":
+        keep_standby_when_asked(world, client, spec)
     for r, quiet, life_ in deaths:  # (deaths reported while it waited)
         world.peer_failed(r, quiet, life_)
     assert spec.host is not None and spec.port is not None

@@ -32,8 +32,13 @@ carries a request id so that it is never counted twice. When the standby's own l
 the primary drops, it takes over: the primary's host rank is dead, every rank joined
 there that has not come back within ``FAILOVER_GRACE_S`` too, open decisions are
 decided there, and it listens on the primary's address as well where it can (a
-replacement of rank 0 finds it there). It does not survive the primary and the standby
-dying together.
+replacement of rank 0 finds it there). A standby names its rank and address in its
+``replicate`` request; the store tells every client (``{"event": "standby"}``, and in
+the answer to a ``join``). When the standby's link drops without ``leave`` (its rank
+died), or a standby took over, the store elects the next one: the lowest joined rank
+other than its own host's gets ``{"event": "standby-wanted"}`` and starts one
+(``bootstrap``), again if that rank dies first. It does not survive the primary and the
+standby dying together, nor within the few milliseconds of an election.
 
 Partitions. A killed process's kernel closes its connections (end of stream or reset),
 but a cut link or a dead host sends nothing: the connection ends silently, at
@@ -214,6 +219,13 @@ class StoreServer:
         #: Ranks (and the life) whose connection ended silently (``_silent_loss``).
         self.fence = fence
         self._silent: dict[int, int] = {}
+        #: The rank whose process hosts this store (None: no rank does, a launcher);
+        #: the current standby's rank and ``host:port``, and the rank asked to start one.
+        self.host_rank: int | None = None
+        self._replica_rank: int | None = None
+        self.standby_address: str | None = None
+        self._wanted: int | None = None
+        self._keep_standby = False  # (once a standby followed, or this one took over)
 
     @property
     def port(self) -> int:
@@ -351,8 +363,28 @@ class StoreServer:
         for key in list(self._decisions):
             if key in self._decisions:
                 self._try_decide(key)
+        self._replica = self._replica_rank = self.standby_address = None
+        self._keep_standby = True
+        self._elect()  # (and at each rank's return, until one is found)
         if also is not None:
-            self._extra.append(loop.create_task(self._listen_also(*also)))
+            self._extra.append(loop.create_task(self._listen_also(*also, grace)))
+
+    def _elect(self, unlike: int | None = None) -> None:
+        """Ask the lowest joined rank other than this store's host (and ``unlike``: the
+        rank of a standby just gone) to start a standby (module doc, "Standby"); nothing
+        where no rank hosts this store, before any standby followed it, while one
+        follows, or when no rank is left to ask."""
+        if (self.host_rank is None or not self._keep_standby or self.following
+                or self._replica is not None):
+            return
+        ranks = {r: w for w, r in self._ranks.items() if r not in (self.host_rank, unlike)}
+        self._wanted = min(ranks, default=None)
+        if self._wanted is None:
+            return
+        log.info("store: rank %d is asked to keep the standby", self._wanted)
+        with contextlib.suppress(Exception):
+            ranks[self._wanted].write(_encode({"event": "standby-wanted",
+                                               "host": self.host_rank}))
 
     def _remember(self, key: str, answer: dict) -> None:
         """Keep a decision's answer for a member that asks again (after a failover, its
@@ -379,10 +411,26 @@ class StoreServer:
                         rank)
             self._declare_dead(rank, life, True)
 
-    async def _listen_also(self, host: str, port: int) -> None:
-        with contextlib.suppress(OSError):
-            self._extra.append(await asyncio.start_server(self._serve, host, port,
-                                                          reuse_address=True))
+    async def _listen_also(self, host: str, port: int, within_s: float) -> None:
+        """Listen on the primary's address too, retrying for ``within_s`` seconds: the
+        dead primary's connections hold its port until their clients close them (they
+        do as they fail over here; the bind failed with EADDRINUSE about 1 time in 5
+        when it was tried only once)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + within_s
+        delay = 0.01
+        while True:
+            try:
+                self._extra.append(await asyncio.start_server(self._serve, host, port,
+                                                              reuse_address=True))
+                return
+            except OSError as exc:  # (another host's address, or the port still held)
+                if loop.time() + delay > end or exc.errno != errno.EADDRINUSE:
+                    log.info("store (standby): not listening on the primary's address "
+                             "%s:%d too (%s)", host, port, exc)
+                    return
+            await asyncio.sleep(delay)  # retry backoff, not a wait for a condition
+            delay = min(2 * delay, 0.2)
 
     def _notify_gone(self, rank: int, life: int | None) -> None:
         waiters, self._gone_waiters = self._gone_waiters, []
@@ -480,8 +528,15 @@ class StoreServer:
             self._exiting.discard(writer)
             rank = self._ranks.pop(writer, None)
             life = self._life_of.pop(writer, None)
-            if writer is self._replica:
-                self._replica = None
+            if writer is self._replica:  # (it did not leave: its rank died)
+                gone_standby = self._replica_rank
+                self._replica = self._replica_rank = self.standby_address = None
+                if not stopping:
+                    self._elect(unlike=gone_standby)
+            elif rank is not None and rank == self._wanted and self._replica is None \
+                    and not stopping:
+                self._wanted = None
+                self._elect()  # (the rank asked died first: the next one)
             if rank is not None and not stopping:
                 self.dead.append(rank)
                 if silent and life is not None:
@@ -557,7 +612,10 @@ class StoreServer:
                 self._ranks[writer] = rank
                 writer.write(_encode({
                     "id": rid, "ok": True, "dead": self.dead, "life": life,
-                    "dead_lives": [[r, self._lives.get(r, 1)] for r in self.dead]}))
+                    "dead_lives": [[r, self._lives.get(r, 1)] for r in self.dead],
+                    "standby": self.standby_address}))
+                if self._wanted is None:
+                    self._elect()
             else:
                 if writer not in self._ranks:  # (a second join on one connection: no-op)
                     # A rank joining again is its replacement: alive from now on.
@@ -572,7 +630,10 @@ class StoreServer:
                 self._ranks[writer] = rank
                 writer.write(_encode({
                     "id": rid, "ok": True, "dead": self.dead, "life": self._life_of[writer],
-                    "dead_lives": [[r, self._lives.get(r, 1)] for r in self.dead]}))
+                    "dead_lives": [[r, self._lives.get(r, 1)] for r in self.dead],
+                    "standby": self.standby_address}))
+                if self._wanted is None:
+                    self._elect()
         elif op == "notify":
             to = set(_ranks_field(msg, "to"))
             sender = self._ranks.get(writer)
@@ -589,18 +650,34 @@ class StoreServer:
         elif op == "replicate":
             # A standby follows this store from now on: its state first, then every
             # change as it happens (module doc, "Standby").
+            rank, address = msg.get("rank"), msg.get("address")
+            if (rank is not None and type(rank) is not int) or (
+                    address is not None and (type(address) is not str or len(address) > 300
+                                             or ":" not in address)):
+                raise _BadFrame("replicate: rank must be an int, address a host:port")
             if self._replica is not None and self._replica is not writer:
                 writer.write(_encode({"id": rid, "ok": False,
                                       "error": "a standby follows this store already"}))
             else:
-                self._replica = writer
+                self._replica, self._replica_rank = writer, rank
+                self._wanted = None
                 writer.write(_encode({"id": rid, "ok": True, "snapshot": self._snapshot()}))
+                if address is not None:  # (every client fails over there from now on)
+                    self._keep_standby = True
+                    self.standby_address = address
+                    event = _encode({"event": "standby", "address": address})
+                    for w in list(self._clients):
+                        if w is not writer:
+                            with contextlib.suppress(Exception):
+                                w.write(event)
         elif op == "exiting":
             # The rank's process is ending without having closed: its drop will be
             # reported as an exit (peers fail what they wait from it, quietly), not as a
             # death. No answer: the process may be gone before it could read one.
             self._exiting.add(writer)
         elif op == "leave":
+            if writer is self._replica:  # (the standby closes: no election)
+                self._replica = self._replica_rank = self.standby_address = None
             gone = self._ranks.pop(writer, None)
             life = self._life_of.pop(writer, None)
             if gone is not None:
@@ -708,6 +785,9 @@ class StoreClient:
         self.on_lost: Callable[[bool], None] | None = None
         #: Called with ``(sender rank, value)`` for each notice relayed to this rank.
         self.on_notice: Callable[[int, str], None] | None = None
+        #: Called with the store's host rank when the store asks this rank to start a
+        #: standby of it (module doc, "Standby").
+        self.on_standby_wanted: Callable[[int], None] | None = None
         self._store_closing = False
         self._leaving = False
         #: Whether the connection (to the store followed last) ended silently
@@ -789,6 +869,11 @@ class StoreClient:
                                      life if type(life) is int else None)
                     elif event == "closing":
                         self._store_closing = True
+                    elif event == "standby":
+                        self._set_standby(msg.get("address"))
+                    elif event == "standby-wanted" and self.on_standby_wanted is not None \
+                            and type(msg.get("host")) is int:
+                        self.on_standby_wanted(msg["host"])
                     elif (event == "notice" and self.on_notice is not None
                           and type(msg.get("from")) is int
                           and type(msg.get("value")) is str):
@@ -864,6 +949,7 @@ class StoreClient:
         """Register this connection as ``rank``'s liveness watch; returns ranks already dead."""
         reply = await self._call({"op": "join", "rank": rank}, timeout)
         self._joined_rank = rank
+        self._set_standby(reply.get("standby"))
         life = reply.get("life")
         self.life = life if type(life) is int else 1
         pairs = reply.get("dead_lives")
@@ -872,6 +958,14 @@ class StoreClient:
                            and type(p[0]) is int and type(p[1]) is int] \
             if isinstance(pairs, list) else []
         return [int(r) for r in reply.get("dead", [])]
+
+    def _set_standby(self, address: Any) -> None:
+        """Fail over to ``address`` (``host:port``, from the store) from now on."""
+        if type(address) is not str or self._failing_over:
+            return
+        host, _, port = address.rpartition(":")
+        if host and port.isdigit() and 0 < int(port) < 65536:
+            self.standby = (host, int(port))
 
     def notify(self, to: list[int], value: str) -> None:
         """Relay ``value`` to the joined ranks ``to`` (not answered, not awaited: written
@@ -905,11 +999,16 @@ class StoreClient:
                 from None
 
     async def replicate(self, on_snapshot: Callable[[dict], None],
-                        on_repl: Callable[[dict], None], timeout: float | None) -> None:
+                        on_repl: Callable[[dict], None], timeout: float | None,
+                        rank: int | None = None, address: str | None = None) -> None:
         """Follow the store as its standby: ``on_snapshot(state)``, then ``on_repl(change)``
-        for every change, in order (``StoreServer.load``/``apply``)."""
+        for every change, in order (``StoreServer.load``/``apply``). ``rank``, ``address``
+        (``host:port``): where this standby serves (the store tells every client)."""
         self.on_snapshot, self.on_repl = on_snapshot, on_repl
-        await self._call({"op": "replicate"}, timeout)
+        msg: dict[str, Any] = {"op": "replicate"}
+        if rank is not None:
+            msg.update(rank=rank, address=address)
+        await self._call(msg, timeout)
 
     async def _fail_over(self) -> bool:
         """The store's connection dropped: go on with the standby, if there is one and
