@@ -244,10 +244,14 @@ def _verdict(sched: dict, returncode: int, stdout: str, out: str) -> tuple[str, 
 
 
 def fuzz(schedules: int, seed: int, timeout: float = 60.0,
-         log=print, netns: bool = False) -> dict[str, int]:
+         log=print, netns: bool = False, progress=None) -> dict[str, int]:
+    """Run ``schedules`` schedules drawn from ``seed``: the count of each outcome
+    (``log`` gets each failure; ``progress(i, counts)`` is called every 50 schedules)."""
     rng = random.Random(seed)
     counts = {"ok": 0, "hang": 0, "wrong": 0, "failed": 0}
     for i in range(schedules):
+        if progress is not None and i and i % 50 == 0:
+            progress(i, counts)
         if netns:
             sched = draw_netns(rng)
             outcome, out = run_netns(sched, timeout, 20000 + i % 20000)
@@ -287,7 +291,8 @@ def main() -> int:
     print(f"elastic fuzz{' --netns' if args.netns else ''}: seed {seed}, "
           f"{args.schedules} schedules", flush=True)
     counts = fuzz(args.schedules, seed, args.timeout,
-                  log=lambda m: print(m, flush=True), netns=args.netns)
+                  log=lambda m: print(m, flush=True), netns=args.netns,
+                  progress=lambda i, c: print(f"after {i} schedules: {c}", flush=True))
     print(f"schedules {args.schedules}, passed {counts['ok']}, hangs {counts['hang']}, "
           f"wrong results {counts['wrong']}, other failures {counts['failed']}", flush=True)
     if args.netns:
