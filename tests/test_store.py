@@ -583,3 +583,58 @@ async def test_a_replicate_request_with_a_bad_address_is_refused(server, caplog)
     with pytest.raises(BootstrapError):
         await c._call({"op": "replicate", "rank": 1, "address": 5}, 10)
     assert "replicate: rank must be an int, address a host:port" in caplog.text
+
+
+async def test_a_second_standby_knows_the_ranks_the_first_one_awaited():
+    """Rank 0's store dies; rank 1's standby takes over and a second standby (rank 2's)
+    follows it before rank 3 is back. Then rank 3 rejoins, and rank 1 dies too: the
+    second standby must know rank 3 (from the snapshot's awaited ranks and the rejoin's
+    change), wait for it, and declare it dead when it does not come back, so a decision
+    among ranks 1-3 ends (found by the fuzzer: it waited forever); a rank that rejoins
+    learns the standby from the answer."""
+    from ucxcomm.launch.store import StoreServer as Server
+
+    primary = await Server(TOKEN, "127.0.0.1", 0).start()
+    primary.host_rank = 0
+    s1 = await Server(TOKEN, "127.0.0.1", 0).start()
+    s1.host_rank = 1
+    f1 = await StoreClient.connect("127.0.0.1", primary.port, TOKEN, timeout=10)
+    await f1.replicate(s1.load, s1.apply, 10, rank=1, address=f"127.0.0.1:{s1.port}")
+    f1.on_lost = lambda closing: s1.take_over(0, 0.5) if not closing else None
+    clients = []
+    for r in range(4):
+        c = await StoreClient.connect("127.0.0.1", primary.port, TOKEN, timeout=10)
+        await c.join(r)
+        clients.append(c)
+    c0, c1, c2, c3 = clients
+    asked: asyncio.Queue = asyncio.Queue()
+    c2.on_standby_wanted = lambda host: asked.put_nowait(host)
+    for c in (c0, c3):  # (rank 3 comes back later, by hand)
+        c.standby = None
+    c0._writer.transport.abort()
+    await primary.close()  # rank 0 dies
+    assert await asyncio.wait_for(asked.get(), 10) == 1  # rank 2 keeps the next standby
+    s2 = await Server(TOKEN, "127.0.0.1", 0).start()
+    s2.host_rank = 2
+    f2 = await StoreClient.connect("127.0.0.1", s1.port, TOKEN, timeout=10)
+    await f2.replicate(s2.load, s2.apply, 10, rank=2, address=f"127.0.0.1:{s2.port}")
+    f2.on_lost = lambda closing: s2.take_over(1, 0.5) if not closing else None
+    assert 3 in s2._awaiting  # (from the snapshot: rank 3 was awaited at s1)
+    # rank 3 comes back to s1 now (as a failed-over client does), and the answer names
+    # the second standby
+    back = await StoreClient.connect("127.0.0.1", s1.port, TOKEN, timeout=10)
+    reply = await back._call({"op": "join", "rank": 3, "life": 1}, 10)
+    assert reply["standby"] == f"127.0.0.1:{s2.port}"
+    await back.set("sync", b"1")
+    assert await c2.get("sync", 10) == b"1"
+    # rank 1 dies, and rank 3 with it: s2 takes over and does not wait for rank 3 forever
+    for c in (c1, back):
+        c.standby = None
+        c._writer.transport.abort()
+    await f1.close()
+    await s1.close()
+    got = await asyncio.wait_for(c2.decide("d", [1, 2, 3], "x", 20), 20)
+    assert got == ({2: "x"}, [1, 3])
+    for c in (c2, f2):
+        await c.close()
+    await s2.close()

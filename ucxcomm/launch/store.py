@@ -274,7 +274,10 @@ class StoreServer:
     def _snapshot(self) -> dict:
         return {"data": {k: _b64(v) for k, v in self._data.items()},
                 "lives": {str(r): n for r, n in self._lives.items()},
-                "joined": {str(r): self._life_of.get(w, 1) for w, r in self._ranks.items()},
+                # (ranks awaited after a failover are joined here as far as a standby
+                # of this store knows: it awaits them too)
+                "joined": {**{str(r): n for r, n in self._awaiting.items()},
+                           **{str(r): self._life_of.get(w, 1) for w, r in self._ranks.items()}},
                 "dead": self.dead, "left": self.left,
                 "silent": {str(r): n for r, n in self._silent.items()},
                 "decisions": [{"key": k, "members": sorted(d.members),
@@ -398,6 +401,8 @@ class StoreServer:
         self.dead.append(rank)
         if silent:
             self._silent[rank] = life
+        self._repl({"op": "gone", "rank": rank, "life": life, "how": "dead",
+                    "silent": silent})
         event = _encode({"event": "dead", "rank": rank, "life": life})
         for w in list(self._clients):
             with contextlib.suppress(Exception):
@@ -610,6 +615,7 @@ class StoreServer:
                 del self._awaiting[rank]
                 self._life_of[writer] = life
                 self._ranks[writer] = rank
+                self._repl({"op": "join", "rank": rank, "life": life})
                 writer.write(_encode({
                     "id": rid, "ok": True, "dead": self.dead, "life": life,
                     "dead_lives": [[r, self._lives.get(r, 1)] for r in self.dead],
@@ -1054,6 +1060,7 @@ class StoreClient:
                         reply.get("error"))
             self._writer.close()  # (lost: the read loop ends, on_lost is called)
             return
+        self._set_standby(reply.get("standby"))
         pairs = reply.get("dead_lives")
         if self.on_dead is not None and isinstance(pairs, list):
             for p in pairs:  # (the primary's host among them)
