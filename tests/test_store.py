@@ -638,3 +638,46 @@ async def test_a_second_standby_knows_the_ranks_the_first_one_awaited():
     for c in (c2, f2):
         await c.close()
     await s2.close()
+
+
+def _reset(client) -> None:
+    """Drop ``client``'s connection with a reset (SO_LINGER 0): what a peer whose side
+    timed out during a partition sends once the link heals."""
+    import socket
+    import struct
+
+    sock = client._writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.standby = None
+    client._writer.transport.abort()
+
+
+@pytest.mark.parametrize("how", ["reset", "end of stream"])
+@pytest.mark.parametrize("fence", [True, False])
+async def test_fencing_counts_resets_as_silent(how, fence):
+    """Ranks 1 and 2 of 3 drop: with an end of stream (killed on a live kernel) the store
+    decides for rank 0 alone; with resets (the fuzzer: rank 0 cut off, the link healed
+    after the others' side timed out, and their kernels reset its connections) a store
+    that a rank hosts refuses, since rank 0 may be the minority of a partition (before:
+    it decided, and rank 0 went on as a job of one beside ranks 1 and 2). The launcher's
+    store (no fence) decides either way."""
+    from ucxcomm.launch.store import StoreServer as Server
+
+    server = await Server(TOKEN, "127.0.0.1", 0, fence=fence).start()
+    clients = []
+    for r in range(3):
+        c = await StoreClient.connect("127.0.0.1", server.port, TOKEN, timeout=10)
+        await c.join(r)
+        clients.append(c)
+    for c in clients[1:]:
+        if how == "reset":
+            _reset(c)
+        else:
+            c._writer.transport.abort()
+    if fence and how == "reset":
+        with pytest.raises(BootstrapError, match="minority of a network partition"):
+            await clients[0].decide("d", [0, 1, 2], "x", 20)
+    else:
+        assert await clients[0].decide("d", [0, 1, 2], "x", 20) == ({0: "x"}, [1, 2])
+    await clients[0].close()
+    await server.close()

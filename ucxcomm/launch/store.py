@@ -40,15 +40,17 @@ other than its own host's gets ``{"event": "standby-wanted"}`` and starts one
 (``bootstrap``), again if that rank dies first. It does not survive the primary and the
 standby dying together, nor within the few milliseconds of an election.
 
-Partitions. A killed process's kernel closes its connections (end of stream or reset),
-but a cut link or a dead host sends nothing: the connection ends silently, at
+Partitions. A killed process's kernel closes its connections (an end of stream), but
+a cut link or a dead host sends nothing: the connection ends silently, at
 ``UCXCOMM_LIVENESS_S`` (``_net.watch_liveness``), and the two sides cannot tell a dead
-peer from one on the other side of a partition. A store that a member rank hosts (the
-primary on rank 0, the standby on rank 1) may itself be on the minority side, so it is
-created with ``fence=True``: it refuses a decision (``{"ok": false, "fenced": true}``)
-whose members lost silently are half of its members or more, and the members on that
-side fail instead of going on as a second job. A store outside the ranks (the launcher's)
-is the arbiter itself: a rank that cannot reach it cannot decide anything.
+peer from one on the other side of a partition; once the link heals, a peer whose side
+timed out answers with a reset, so a reset counts as silent too (``_silent_loss``). A
+store that a member rank hosts (the primary on rank 0, the standby on rank 1) may itself
+be on the minority side, so it is created with ``fence=True``: it refuses a decision
+(``{"ok": false, "fenced": true}``) whose members lost silently are half of its members
+or more, and the members on that side fail instead of going on as a second job. A store
+outside the ranks (the launcher's) is the arbiter itself: a rank that cannot reach it
+cannot decide anything.
 """
 
 from __future__ import annotations
@@ -111,10 +113,16 @@ _FIELDS: dict[Any, tuple[tuple[str, type], ...]] = {
 
 
 def _silent_loss(exc: BaseException | None) -> bool:
-    """Whether a connection ended without word from the other host (no end of stream, no
-    reset): a liveness timeout, or the network said the host is unreachable."""
+    """Whether a connection ended in a way a partition can cause, rather than with an end
+    of stream (a process that died on a live kernel): a liveness timeout, the network
+    saying the host is unreachable, or a reset. A reset is what a peer sends once a
+    link heals after its side of the connection timed out during the cut (the fuzzer
+    found that split brain: rank 0 cut off, healed 1.6 s later, took its peers' resets
+    for deaths and went on alone); a process killed with data unread also resets, and
+    is then counted as silent: fencing errs toward stopping, never toward two jobs."""
     return isinstance(exc, OSError) and exc.errno in (
-        errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)
+        errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN,
+        errno.ECONNRESET, errno.EPIPE)
 
 
 def _ranks_field(msg: dict, name: str) -> list[int]:
