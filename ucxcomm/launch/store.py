@@ -664,8 +664,8 @@ class StoreServer:
         elif op == "replicate":
             # A standby follows this store from now on: its state first, then every
             # change as it happens (module doc, "Standby").
-            rank, address = msg.get("rank"), msg.get("address")
-            if (rank is not None and type(rank) is not int) or (
+            by, address = msg.get("rank"), msg.get("address")
+            if (by is not None and type(by) is not int) or (
                     address is not None and (type(address) is not str or len(address) > 300
                                              or ":" not in address)):
                 raise _BadFrame("replicate: rank must be an int, address a host:port")
@@ -673,7 +673,7 @@ class StoreServer:
                 writer.write(_encode({"id": rid, "ok": False,
                                       "error": "a standby follows this store already"}))
             else:
-                self._replica, self._replica_rank = writer, rank
+                self._replica, self._replica_rank = writer, by
                 self._wanted = None
                 writer.write(_encode({"id": rid, "ok": True, "snapshot": self._snapshot()}))
                 if address is not None:  # (every client fails over there from now on)
