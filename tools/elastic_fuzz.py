@@ -75,6 +75,20 @@ asyncio.run(main())
 """
 
 
+def _collect(procs: list[subprocess.Popen], timeout: float) -> tuple[list[str], bool]:
+    """Every process's output, waiting for each up to ``timeout`` seconds (one still
+    running then is killed): ``(outputs, whether one had to be killed)``."""
+    outs, hung = [], False
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            hung = True
+            p.kill()
+            outs.append(p.communicate()[0])
+    return outs, hung
+
+
 def draw_netns(rng: random.Random) -> dict:
     """One link-cut schedule (module doc, ``--netns``)."""
     n = rng.choice((3, 4))
@@ -127,14 +141,7 @@ def run_netns(sched: dict, timeout: float, port: int) -> tuple[str, str]:
                 [*cluster.exec(r), sys.executable, str(PROG)], cwd=ROOT, env=rank_env,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 stdin=subprocess.DEVNULL))
-        outs, hung = [], False
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=timeout)[0])
-            except subprocess.TimeoutExpired:
-                hung = True
-                p.kill()
-                outs.append(p.communicate()[0])
+        outs, hung = _collect(procs, timeout)
         if store is not None:
             store.kill()
             outs.append(store.communicate()[0])
@@ -211,14 +218,7 @@ def _torchrun_style(sched: dict, env: dict, timeout: float) -> tuple[str, str]:
         stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
         env=dict(env, RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
                  MASTER_PORT=str(port))) for r in range(n)]
-    outs, hung = [], False
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=timeout + 60)[0])
-        except subprocess.TimeoutExpired:
-            hung = True
-            p.kill()
-            outs.append(p.communicate()[0])
+    outs, hung = _collect(procs, timeout + 60)
     victims = {int(v) for v in sched["victims"]}
     text = "".join(f"[{r}] {line}\n" for r, o in enumerate(outs) for line in o.splitlines())
     if hung:
