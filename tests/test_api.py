@@ -152,7 +152,7 @@ def test_library_never_prints():
         assert not calls, f"{rel} calls print()"
 
 
-@pytest.mark.parametrize("module", ["transport/_ucp", "comm/_fast"])
+@pytest.mark.parametrize("module", ["transport/_ucp", "comm/_fast", "comm/_shm"])
 def test_extension_stub_matches_the_extension(module):
     """Each compiled module's ``.pyi`` (what mypy checks the callers against) names exactly
     what the module offers: every function and class, and every public method of each

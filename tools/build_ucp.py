@@ -11,7 +11,9 @@ Two parts, so that each gets the warnings it deserves:
   not ours to fix), linked with that library;
 * the Cython module ``ucxcomm/comm/_fast.pyx``, which uses the engine at C level through
   its declarations (``ucxcomm/transport/_ucp.pxd``, cimported: calls through the engine
-  type's method table, imported at run time), so it links nothing of UCX or csrc.
+  type's method table, imported at run time), so it links nothing of UCX or csrc;
+* the Cython module ``ucxcomm/comm/_shm.pyx``: the node's shared-memory collective
+  engine, plain C over mapped memory (nothing of UCX).
 
 Both compile against the UCX headers of the ``libucx`` wheel (or of the UCX under
 ``UCXCOMM_UCX_PREFIX``) and link ``libucp``/``libucs`` by soname only (no rpath): at run
@@ -66,5 +68,6 @@ def extensions() -> list[Any]:
     )
     fast = Extension("ucxcomm.comm._fast", ["ucxcomm/comm/_fast.pyx"],
                      extra_compile_args=["-O2"])
+    shm = Extension("ucxcomm.comm._shm", ["ucxcomm/comm/_shm.pyx"], extra_compile_args=["-O2"])
     # include_path: where `cimport ucxcomm.transport._ucp` finds the .pxd
-    return cythonize([ext, fast], language_level=3, quiet=True, include_path=["."])
+    return cythonize([ext, fast, shm], language_level=3, quiet=True, include_path=["."])

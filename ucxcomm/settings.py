@@ -56,6 +56,20 @@ def _trace_depth(text: str) -> int:
     return value
 
 
+def _shm_slot(text: str) -> int:
+    n = int(text)
+    if not 4096 <= n <= 1 << 24 or n % 4096:
+        raise ValueError("4096 to 16777216, a multiple of 4096")
+    return n
+
+
+def _shm_slots(text: str) -> int:
+    n = int(text)
+    if not 2 <= n <= 64:
+        raise ValueError("2 to 64")
+    return n
+
+
 def _yes_no(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "y", "yes", "true", "on"):
@@ -155,6 +169,16 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "operations each process's flight recorder keeps (1-65535; those still in "
             "flight are never overwritten): comm.trace(), ucxcomm status; 0 turns it off "
             "(about 25-45 ns per operation, docs/debugging.md)"),
+    Setting("UCXCOMM_SHM", _yes_no, True,
+            "collectives of a communicator whose ranks share one host use the node's "
+            "shared-memory engine for mid-size host buffers (comm/shm.py); must be the "
+            "same on every rank"),
+    Setting("UCXCOMM_SHM_SLOT", _shm_slot, 131072,
+            "bytes of one slot of the shared-memory engine's ring (4096-16777216, a "
+            "multiple of 4096; the same on every rank)"),
+    Setting("UCXCOMM_SHM_SLOTS", _shm_slots, 8,
+            "slots in each rank's ring of the shared-memory engine (2-64; the same on "
+            "every rank)"),
     Setting("UCXCOMM_CHECK_COLLECTIVES", _yes_no, True,
             "every collective carries a fingerprint of its call (kind, count, dtype, op, "
             "root) and ranks whose calls differ all raise CollectiveMismatch; must be the "

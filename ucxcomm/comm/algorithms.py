@@ -38,6 +38,15 @@ TUNING = {
     "segment": 1 << 20,  # pipelining unit for host buffers
     "segment_gpu": 4 << 20,  # and for GPU buffers
     "allreduce_ring_min": 64 << 10,  # below: recursive doubling; above: ring
+    # Bytes per message (Bcast, Allreduce: the buffer; the others: one rank's block) up
+    # to which the node's shared-memory engine (comm/shm.py) serves each collective,
+    # from the small paths' SMALL_MAX up; above, UCX's single-copy rendezvous (CMA)
+    # wins (measured at 2 ranks, docs/benchmarks.md).
+    "shm_max_Bcast": 1 << 62,
+    "shm_max_Allreduce": 512 << 10,
+    "shm_max_Allgather": 128 << 10,
+    "shm_max_Alltoall": 64 << 10,
+    "shm_max_Reduce_scatter_block": 128 << 10,
 }
 
 

@@ -36,7 +36,8 @@ from . import fingerprint, trace
 from .algorithms import Buf, Chan, binomial
 from .ops import MAX, MIN, SUM, Op
 from .request import Request
-from .small import DONE, SMALL_MAX_RANKS, SmallCollectives, small_ok
+from .shm import NodeShm
+from .small import DONE, SMALL_MAX, SMALL_MAX_RANKS, SmallCollectives, small_ok
 
 if TYPE_CHECKING:
     from .group import Group
@@ -210,6 +211,7 @@ class Collectives:
         "_group",
         "_next_seq",
         "_rd_scratch",
+        "_shm",
         "_small",
         "_transport",
         "rank",
@@ -231,6 +233,9 @@ class Collectives:
         # which would keep a dropped communicator alive until the garbage collector runs).
         self._fast: Any = _UNMADE if 2 <= self.size <= SMALL_MAX_RANKS else None
         self._fast_ar: Any = self._fast
+        # The node's shared-memory engine (comm/shm.py): _UNMADE until the first call
+        # that may use it, None where it cannot serve this communicator.
+        self._shm: Any = _UNMADE
 
     def _small_chan(self, what: str) -> Chan:
         """A channel for a small-message path of collective ``what`` (arguments already
@@ -291,6 +296,38 @@ class Collectives:
         if res is DONE:
             return DONE
         return self._small.settle(res, ufunc, out)
+
+    def _shm_start(self, what: str, nbytes: int, send: Any, recv: Any, n: int,
+                   root: int = -1, op: Any = None, ufunc: Any = None, count: int = -1
+                   ) -> Awaitable[None] | None:
+        """Start ``what`` on the node's shared-memory engine (``comm/shm.py``) when it
+        serves this communicator and ``nbytes`` (per message) is in its range: DONE or
+        the rest to await; None: take another path. Arguments are checked; this takes
+        the sequence number. ``send``/``recv``: flat host arrays (``send`` may be
+        ``recv``'s own block or all of it, in place); ``n``: bytes, as
+        :class:`ucxcomm.comm._shm.Call` counts them; ``count``: the fingerprint's."""
+        sh = self._shm
+        if sh is _UNMADE:
+            sh = self._shm = NodeShm(self._group) if NodeShm.usable(self._group) else None
+        if (sh is None or not SMALL_MAX < nbytes <= alg.TUNING[sh.limits[what]]
+                or not sh.ready()):
+            return None
+        fp = None
+        if self._group.check:
+            key = (what, root, recv.dtype, count, op)
+            fp = sh.fps.get(key)
+            if fp is None:
+                if len(sh.fps) > 64:
+                    sh.fps.clear()
+                fp = sh.fps[key] = fingerprint.make(what, fingerprint.SHM, op, root,
+                                                    recv.dtype, count)
+        kernel = 0
+        if op is not None:
+            from . import _fast
+
+            kernel = _fast.native_kernel(op, recv.dtype)[0]
+        self._check_open()
+        return sh.start(what, self._next_seq(), fp, send, recv, n, root, kernel, ufunc)
 
     def _chan(self, what: str, *bufs: Buf | None, fp: bytes | None = None) -> Chan:
         """A fresh collective channel (takes the next sequence number: call only once
@@ -383,6 +420,11 @@ class Collectives:
 
     def _bcast(self, buf: Any, root: int) -> Awaitable[None]:
         root = self._group.check_peer(root, "root")
+        if (type(buf) is np.ndarray and buf.nbytes > SMALL_MAX and buf.flags.c_contiguous
+                and (self.rank == root or buf.flags.writeable) and not buf.dtype.hasobject
+                and (res := self._shm_start("Bcast", buf.nbytes, buf, buf, buf.nbytes, root,
+                                            count=buf.size))):
+            return res
         if self._group.check:
             b = self._buf(buf, self.rank != root, "Bcast buffer")
             if not b.device and self._small.usable(b.arr.nbytes):
@@ -497,15 +539,22 @@ class Collectives:
                 if self._small.usable(recvbuf.nbytes):
                     src = recvbuf if sendbuf is IN_PLACE else cast(np.ndarray, sendbuf)
                     return self._small.allreduce(self._small_chan("Allreduce"), src, recvbuf, ufunc)
+                src = recvbuf if sendbuf is IN_PLACE else cast(np.ndarray, sendbuf)
+                if res := self._shm_start("Allreduce", recvbuf.nbytes, src, recvbuf,
+                                          recvbuf.nbytes, op=op, ufunc=ufunc):
+                    return res
                 self._check_open()
                 ch = Chan(self._group, self._next_seq(), "Allreduce")
-                return self._allreduce_small(ch, recvbuf if sendbuf is IN_PLACE else sendbuf,
-                                             recvbuf, ufunc)
+                return self._allreduce_small(ch, src, recvbuf, ufunc)
         recv = self._buf(recvbuf, True, "Allreduce receive buffer")
         send = recv if sendbuf is IN_PLACE else self._buf(sendbuf, False,
                                                           "Allreduce send buffer")
         self._same(send, recv, "Allreduce", send.n)
         ufunc = _ufunc(op, send.arr)
+        if not recv.device and (res := self._shm_start(
+                "Allreduce", recv.arr.nbytes, send.arr, recv.arr, recv.arr.nbytes, op=op,
+                ufunc=ufunc)):
+            return res
         ch = self._chan("Allreduce", send)
         return self._run(ch, alg.allreduce(ch, send, recv, ufunc))
 
@@ -519,6 +568,10 @@ class Collectives:
         ufunc = _ufunc(op, send.arr)
         if self.size > 1 and not recv.device and self._small.usable(recv.arr.nbytes):
             return self._combined("Allreduce", send.arr, recv.arr, -1, op, ufunc, recv.arr)
+        if not recv.device and (res := self._shm_start(
+                "Allreduce", recv.arr.nbytes, send.arr, recv.arr, recv.arr.nbytes, op=op,
+                ufunc=ufunc, count=send.n)):
+            return res
         fp = self._fp("Allreduce", send, send.n, -1, op)
         if (not recv.device and self.size > 1
                 and recv.arr.nbytes < alg.TUNING["allreduce_ring_min"]):
@@ -720,6 +773,11 @@ class Collectives:
             if send is None:
                 own = own.copy()
             return self._combined(name, own, recv.arr)
+        if not v and not recv.device and (res := self._shm_start(
+                name, counts[r] * recv.itemsize,
+                recv.arr[displs[r]:displs[r] + counts[r]] if send is None else send.arr,
+                recv.arr, counts[r] * recv.itemsize, count=counts[r])):
+            return res
         ch = self._chan(name, send, recv, fp=self._fp(
             name, recv, -1 if v else counts[r], own=counts[r], vec=counts if v else ()))
 
@@ -803,6 +861,10 @@ class Collectives:
         if (not v and self._group.check and not recv.device and p > 1
                 and self._small.usable(rcounts[0] * recv.arr.itemsize)):
             return self._combined(name, recv.arr.copy() if in_place else send.arr, recv.arr)
+        if not v and not recv.device and (res := self._shm_start(
+                name, rcounts[0] * recv.itemsize, recv.arr.copy() if in_place else send.arr,
+                recv.arr, rcounts[0] * recv.itemsize, count=recv.n)):
+            return res
         ch = self._chan(name, send, recv, fp=self._fp(
             name, recv, -1 if v else recv.n, vec=list(scounts) + list(rcounts) if v else ()))
 
@@ -889,6 +951,10 @@ class Collectives:
                 and self._small.usable(counts[0] * send.arr.itemsize)):
             return self._combined(name, send.arr.copy() if in_place else send.arr, recv.arr,
                                   -1, op, ufunc, recv.arr[:counts[r]])
+        if recvcounts is None and not recv.device and (res := self._shm_start(
+                name, counts[0] * send.itemsize, send.arr, recv.arr[:counts[r]],
+                counts[0] * send.itemsize, op=op, ufunc=ufunc, count=send.n)):
+            return res
         ch = self._chan(name, send, fp=self._fp(
             name, send, -1 if recvcounts is not None else send.n, -1, op,
             vec=counts if recvcounts is not None else ()))

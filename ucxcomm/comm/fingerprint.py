@@ -15,7 +15,7 @@ same verdict (:func:`verdict`): either all go on, or all raise
 :class:`~ucxcomm.CollectiveMismatch` naming the ranks and their calls; the messages of the
 call are all consumed either way, so the communicator stays usable.
 
-Two forms (``form``), chosen from what the fingerprint holds, so ranks that agree on
+Three forms (``form``), chosen from what the fingerprint holds, so ranks that agree on
 the call agree on the form:
 
 * **combined**: the small exchanges of host memory (``Allreduce``, ``Bcast``,
@@ -23,6 +23,9 @@ the call agree on the form:
   per message, 2 to ``SMALL_MAX_RANKS`` ranks): the fingerprint and the data go in one
   message per pair (``comm/_fast.pyx`` and ``comm/small.py``), received into scratch,
   checked, then copied or folded. ``Bcast``'s non-roots send their fingerprint alone.
+* **shm**: the mid-size collectives of host memory that the node's shared-memory engine
+  serves (``comm/shm.py``): the fingerprint goes in the call's arrival record in shared
+  memory, and no message carries it (a rank on another path is found by a tag probe).
 * **general**: everything else: a round of fingerprints (:meth:`Chan.check
   <ucxcomm.comm.algorithms.Chan.check>`) before the algorithm runs.
 
@@ -41,8 +44,8 @@ import numpy as np
 from ..errors import CollectiveMismatch
 from . import ops, trace
 
-__all__ = ["COMBINED", "GENERAL", "HDR", "MAGIC", "SMALL_MAX", "capacity", "describe", "make",
-           "op_code", "verdict"]
+__all__ = ["COMBINED", "GENERAL", "HDR", "MAGIC", "SHM", "SMALL_MAX", "capacity", "describe",
+           "make", "only_form_differs", "op_code", "verdict"]
 
 #: Bytes of a fingerprint's fixed part.
 HDR = 32
@@ -54,6 +57,7 @@ SMALL_MAX_RANKS = 32
 MAGIC = 0xC5
 GENERAL = 1
 COMBINED = 2
+SHM = 3
 _FP = struct.Struct("<BBBBIiIqq")
 assert _FP.size == HDR
 
@@ -183,8 +187,12 @@ def verdict(fps: Sequence[bytes], what: str, seq: int) -> CollectiveMismatch | N
         why = ""
         heads = [_common(parsed[rs[0]]) for rs in order]  # type: ignore[arg-type]
         if len({h[0] for h in heads}) > 1 and len({h[1:] for h in heads}) == 1:
-            why = (" (small collectives of host and GPU memory do not mix: pass the same "
-                   "kind of memory on every rank)")
+            if len({f[3] for f in parsed if f is not None}) > 1:
+                why = (" (collectives of host and GPU memory do not mix: pass the same "
+                       "kind of memory on every rank)")
+            else:
+                why = (" (a rank could not use this host's shared memory, see its log: "
+                       "the communicator takes the network path from now on)")
         return CollectiveMismatch(
             f"collective #{seq} does not match: {_ranks(first)} called "
             f"{calls[first[0]]} where {others}{why}", calls=calls, seq=seq)
@@ -197,6 +205,18 @@ def verdict(fps: Sequence[bytes], what: str, seq: int) -> CollectiveMismatch | N
     if problem is None:
         return None
     return CollectiveMismatch(f"collective #{seq}, {what}: {problem}", calls=calls, seq=seq)
+
+
+def only_form_differs(fps: Sequence[bytes]) -> bool:
+    """Whether the calls ``fps`` differ in their form alone, between the shared-memory
+    form and another, on the same kind of memory (a rank that could not use the node's
+    shared memory: ``comm/shm.py``)."""
+    parsed = [_unpack(fp) for fp in fps]
+    if any(f is None for f in parsed):
+        return False
+    heads = {(f[2], f[4], f[5], f[6], f[7], f[3]) for f in parsed}  # type: ignore[index]
+    forms = {f[1] for f in parsed}  # type: ignore[index]
+    return len(heads) == 1 and len(forms) > 1 and SHM in forms
 
 
 def _vec(fp: bytes) -> list[int]:

@@ -139,6 +139,7 @@ class Group:
         "replaced",
         "revoked",
         "scratch",
+        "seq_wraps",
         "shut",
         "size",
         "transport",
@@ -171,6 +172,9 @@ class Group:
         self.listeners: list[asyncio.Queue] = []
         self.label = f"<ucxcomm.Comm cid={cid} rank={self.rank} size={self.size}>"
         self._coll_seq = 0
+        #: How often the sequence numbers wrapped (``comm/shm.py`` counts calls over the
+        #: communicator's life: ``seq_wraps << TAG_BITS | seq``).
+        self.seq_wraps = 0
         self.out_of_step: str | None = None
         self.check: bool = world.check_collectives
         self.match_cache: dict[tuple[int, int, int], tuple[int, int, frozenset]] = {}
@@ -255,6 +259,8 @@ class Group:
         if self.out_of_step is not None:
             raise UcxCommError(self.out_of_step)
         seq = self._coll_seq
+        if seq == TAG_UB:
+            self.seq_wraps += 1
         self._coll_seq = (seq + 1) & TAG_UB
         return seq
 

@@ -263,6 +263,12 @@ class Transport(ABC):
         from the caller's thread, wants its loop thread left asleep). Optional."""
         return None
 
+    def spin_policy(self) -> tuple[float, bool]:
+        """``(seconds, yield)``: how long a waiter that polls something other than this
+        transport (``comm/shm.py``) may spin, and whether it gives its core away on
+        every turn (``UCXCOMM_SPIN_US``, ``UCXCOMM_SPIN_YIELD``)."""
+        return 0.0, True
+
     @abstractmethod
     def is_dead(self, peer: Any) -> bool:
         """Whether ``peer`` was declared gone (its operations fail with PeerFailure)."""

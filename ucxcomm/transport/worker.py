@@ -202,10 +202,11 @@ class Worker(Transport):
         if spin_us is None:
             spin_us = settings.get("UCXCOMM_SPIN_US")
         self._progress = Progress(self._loop, spin_us * 1e-6, on_cancel=self.abort)
+        self._spin_yield = spin_yield()
         eng = self._eng = _ucx.ucp.TagEngine()
         eng._engine_setup(self._worker.handle, self._loop, self._progress.ready,
                           self._progress.spin_s, self._cuda, _ucx.status_error,
-                          self._progress.others_ready, spin_yield())
+                          self._progress.others_ready, self._spin_yield)
         for name, attr in vars(Worker).items():  # the _Engine methods: bound once
             if isinstance(attr, _Engine):
                 setattr(self, name, getattr(eng, name))
@@ -474,6 +475,9 @@ class Worker(Transport):
             _ucx.expect_lost_requests()
         self._loop.call_later(grace * 1.5, self._progress.kick)
         self._progress.kick()
+
+    def spin_policy(self) -> tuple[float, bool]:
+        return self._progress.spin_s, self._spin_yield
 
     def is_dead(self, peer: Any) -> bool:
         return peer in self._eng._dead

@@ -1,0 +1,651 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""The node's shared-memory collective engine (see :mod:`ucxcomm.comm.shm`).
+
+Each rank of a communicator whose ranks all run on one host owns one segment (a file
+under ``/dev/shm`` that every member maps): a header, a ring of arrival records and a
+ring of data slots. A collective call is one :class:`Call`, advanced by
+:meth:`Call.advance` until it is done:
+
+* **record**: the rank writes its record (the call's fingerprint, the first step of its
+  pieces and how many it writes) into the ring entry of the call's generation, once
+  every member has finished with the entry's previous record.
+* **pieces**: each rank that has input for others writes it piece by piece into its
+  slots: piece ``s`` (counted over the rank's life) goes to slot ``s % nslots`` once
+  every member has consumed the slot's previous piece (each member counts, in its own
+  header, the pieces it consumed of every writer), then ``written = s + 1`` is
+  published. Writing needs nobody's record: a rank's pieces are out before its peers
+  arrive.
+* **check**: with the checks on, the rank reads every member's record of the
+  generation: all match, or the Python side raises the verdict. Only then does it write
+  into the user's buffer: it copies (or folds, in rank order) the pieces it needs out
+  of the writers' slots, as they appear. A call returns once its pieces are written,
+  its records checked and its reads done.
+
+Counters are 64-bit words on their own cache lines, written with release and read with
+acquire ordering. Nothing here waits without bound: :meth:`Call.advance` spins at most
+its budget and reports that it is blocked; the Python side then checks for failures and
+comes back. Nothing read from a peer's segment is trusted for a length: every copy is
+bounded by this rank's own buffers and the slot size.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy, memset
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+cdef extern from *:
+    """
+    static inline unsigned long long ucxcomm_shm_ld(const unsigned long long *p) {
+        return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    }
+    static inline void ucxcomm_shm_st(unsigned long long *p, unsigned long long v) {
+        __atomic_store_n(p, v, __ATOMIC_RELEASE);
+    }
+    """
+    unsigned long long ld "ucxcomm_shm_ld"(const unsigned long long *p) nogil
+    void st "ucxcomm_shm_st"(unsigned long long *p, unsigned long long v) nogil
+
+cdef extern from "<sched.h>":
+    int sched_yield() nogil
+
+import numpy as np
+
+# ------------------------------------------------------------------ segment layout
+#: Segment header fields (u64 words; each counter on a cache line of its own).
+MAGIC = 0x75637873686D3031  # "ucxshm01"
+cdef uint64_t C_MAGIC = MAGIC
+cdef enum:
+    OFF_MAGIC = 0        # written last by the creator
+    OFF_RANK = 8
+    OFF_SIZE = 16
+    OFF_SLOT = 24
+    OFF_NSLOTS = 32
+    OFF_ACKED = 64       # every record of a generation <= this is done with here
+    OFF_WRITTEN = 128    # pieces this rank has written
+    OFF_MAPPED = 192     # 1 once this rank has mapped every member's segment
+    OFF_CONSUMED = 1024  # + 64 k: pieces of member k this rank has consumed (64 words)
+    OFF_RECS = 8192
+    NREC = 4
+    REC_BYTES = 2048
+    REC_GEN = 0          # the record's generation (written last)
+    REC_STEPS = 8        # pieces the rank writes in this call
+    REC_FPLEN = 16
+    REC_BASE = 40        # its first piece's number
+    REC_NBYTES = 48      # the bytes of its call (n)
+    REC_ABORT = 24       # generation whose verdict follows (written after the text)
+    REC_TEXTLEN = 32
+    REC_FP = 64
+    FP_MAX = 896
+    REC_TEXT = 1024
+    TEXT_MAX = 1024
+    OFF_DATA = 16384
+    MAXP = 64
+
+#: Bytes of a segment's header and record ring (the data slots follow).
+DATA_OFFSET = OFF_DATA
+#: Largest fingerprint a record holds.
+FINGERPRINT_MAX = FP_MAX
+#: Largest verdict text a record holds.
+VERDICT_MAX = TEXT_MAX
+
+# ---------------------------------------------------------------------- call kinds
+cdef enum:
+    K_BCAST = 1
+    K_ALLGATHER = 2
+    K_ALLTOALL = 3
+    K_ALLREDUCE = 4
+    K_RSB = 5
+KINDS = {"Bcast": K_BCAST, "Allgather": K_ALLGATHER, "Alltoall": K_ALLTOALL,
+         "Allreduce": K_ALLREDUCE, "Reduce_scatter_block": K_RSB}
+
+#: What :meth:`Call.advance` returns.
+DONE = 0
+BLOCKED = 1
+MISMATCH = 2   # every record is in and they differ, or a member passed this generation
+ABORTED = 3    # a member published a verdict for this generation
+TRUNCATED = 4  # (checks off) a writer's message is longer than this rank's buffer takes
+
+
+cdef inline uint64_t *word(char *base, Py_ssize_t off) noexcept nogil:
+    return <uint64_t *>(base + off)
+
+
+cdef char *_address(object arr) except NULL:
+    """The first byte of a C-contiguous array (its buffer, released at once: the call
+    keeps the array alive)."""
+    cdef Py_buffer v
+    PyObject_GetBuffer(arr, &v, PyBUF_SIMPLE)
+    cdef char *out = <char *>v.buf
+    PyBuffer_Release(&v)
+    return out if out != NULL else <char *>1
+
+
+cdef inline int64_t now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef void _sum(int kind, const char *a, const char *b, char *out,
+               Py_ssize_t nbytes) noexcept nogil:
+    """``out = a + b`` (SUM; 1: float32, 2: float64, 3: 32-bit ints, 4: 64-bit ints,
+    wrapping like numpy's)."""
+    cdef Py_ssize_t i
+    if kind == 1:
+        for i in range(nbytes // 4):
+            (<float *>out)[i] = (<const float *>a)[i] + (<const float *>b)[i]
+    elif kind == 2:
+        for i in range(nbytes // 8):
+            (<double *>out)[i] = (<const double *>a)[i] + (<const double *>b)[i]
+    elif kind == 3:
+        for i in range(nbytes // 4):
+            (<uint32_t *>out)[i] = (<const uint32_t *>a)[i] + (<const uint32_t *>b)[i]
+    elif kind == 4:
+        for i in range(nbytes // 8):
+            (<uint64_t *>out)[i] = (<const uint64_t *>a)[i] + (<const uint64_t *>b)[i]
+
+
+cdef class Node:
+    """This rank's view of the communicator's segments: its own (created by the Python
+    side) and its peers' (attached as they appear). ``slot``: bytes per data slot,
+    ``nslots``: slots per segment."""
+
+    cdef readonly int rank, size, nslots
+    cdef readonly Py_ssize_t slot
+    cdef char **bases
+    cdef Py_buffer *views
+    cdef list owners
+    cdef readonly uint64_t pieces      # pieces this rank has written (its written word)
+    cdef public bint spin_yield
+
+    def __cinit__(self):
+        self.bases = NULL
+        self.views = NULL
+
+    def __init__(self, int rank, int size, Py_ssize_t slot, int nslots, object own):
+        if not (0 <= rank < size <= 64) or slot < 4096 or slot % 64 or nslots < 2:
+            raise ValueError("shared-memory engine: bad geometry")
+        self.rank, self.size, self.slot, self.nslots = rank, size, slot, nslots
+        self.bases = <char **>PyMem_Malloc(size * sizeof(char *))
+        self.views = <Py_buffer *>PyMem_Malloc(size * sizeof(Py_buffer))
+        if self.bases == NULL or self.views == NULL:
+            raise MemoryError()
+        memset(self.bases, 0, size * sizeof(char *))
+        self.owners = [None] * size
+        self.pieces = 0
+        self.spin_yield = False
+        self._hold(rank, own, True)
+        cdef char *b = self.bases[rank]
+        word(b, OFF_RANK)[0] = rank
+        word(b, OFF_SIZE)[0] = size
+        word(b, OFF_SLOT)[0] = slot
+        word(b, OFF_NSLOTS)[0] = nslots
+        st(<unsigned long long *>word(b, OFF_MAGIC), C_MAGIC)
+
+    cdef _hold(self, int k, object mem, bint writable):
+        PyObject_GetBuffer(mem, &self.views[k], PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
+        if self.views[k].len < self.total():
+            PyBuffer_Release(&self.views[k])
+            raise ValueError("shared-memory segment too small")
+        self.bases[k] = <char *>self.views[k].buf
+        self.owners[k] = mem
+
+    def total(self):
+        """Bytes of one segment."""
+        return OFF_DATA + self.slot * self.nslots
+
+    def attach(self, int k, object mem):
+        """Map peer ``k``'s segment (``mem``: a writable buffer over it); False while
+        its creator has not finished it (or it is not a segment of this geometry)."""
+        if self.bases[k] != NULL:
+            return True
+        cdef Py_buffer v
+        PyObject_GetBuffer(mem, &v, PyBUF_WRITABLE)
+        cdef char *b = <char *>v.buf
+        ok = (v.len >= self.total() and ld(<unsigned long long *>word(b, OFF_MAGIC)) == C_MAGIC
+              and word(b, OFF_RANK)[0] == <uint64_t>k and word(b, OFF_SIZE)[0] == <uint64_t>self.size
+              and word(b, OFF_SLOT)[0] == <uint64_t>self.slot
+              and word(b, OFF_NSLOTS)[0] == <uint64_t>self.nslots)
+        PyBuffer_Release(&v)
+        if not ok:
+            return False
+        self._hold(k, mem, True)
+        for j in range(self.size):
+            if self.bases[j] == NULL:
+                return True
+        st(<unsigned long long *>word(self.bases[self.rank], OFF_MAPPED), 1)
+        return True
+
+    def attached(self, int k):
+        return self.bases[k] != NULL
+
+    def everyone_mapped(self):
+        """Whether every member has mapped every segment (names can go)."""
+        for k in range(self.size):
+            if self.bases[k] == NULL or ld(<unsigned long long *>word(self.bases[k], OFF_MAPPED)) != 1:
+                return False
+        return True
+
+    def release(self):
+        """Let go of every segment (the owners' buffers can then be closed)."""
+        if self.bases == NULL:
+            return
+        for k in range(self.size):
+            if self.bases[k] != NULL:
+                self.bases[k] = NULL
+                PyBuffer_Release(&self.views[k])
+        self.owners = [None] * self.size
+
+    def __dealloc__(self):
+        if self.bases != NULL:
+            self.release()
+            PyMem_Free(self.bases)
+            self.bases = NULL
+        if self.views != NULL:
+            PyMem_Free(self.views)
+            self.views = NULL
+
+    def acked(self, int k):
+        """Member ``k``'s acked generation (0 before it attached)."""
+        return 0 if self.bases[k] == NULL else ld(<unsigned long long *>word(self.bases[k], OFF_ACKED))
+
+    def record_fp(self, int k, uint64_t gen):
+        """Member ``k``'s fingerprint of generation ``gen``, or None."""
+        cdef char *b = self.bases[k]
+        if b == NULL:
+            return None
+        cdef char *rec = b + OFF_RECS + (gen % NREC) * REC_BYTES
+        if ld(<unsigned long long *>word(rec, REC_GEN)) != gen:
+            return None
+        cdef uint64_t n = word(rec, REC_FPLEN)[0]
+        return (rec + REC_FP)[:min(n, <uint64_t>FP_MAX)]
+
+    def verdict_text(self, int k, uint64_t gen):
+        """The verdict member ``k`` published for generation ``gen``, or None."""
+        cdef char *b = self.bases[k]
+        if b == NULL:
+            return None
+        cdef char *rec = b + OFF_RECS + (gen % NREC) * REC_BYTES
+        if ld(<unsigned long long *>word(rec, REC_ABORT)) != gen:
+            return None
+        cdef uint64_t n = word(rec, REC_TEXTLEN)[0]
+        return (rec + REC_TEXT)[:min(n, <uint64_t>TEXT_MAX)].decode("utf-8", "replace")
+
+    def publish_verdict(self, uint64_t gen, bytes text):
+        """Write this rank's verdict of generation ``gen`` (its peers raise it too)."""
+        cdef char *rec = self.bases[self.rank] + OFF_RECS + (gen % NREC) * REC_BYTES
+        if ld(<unsigned long long *>word(rec, REC_GEN)) != gen:
+            return  # (this rank never wrote its record there: nobody waits on it)
+        cdef Py_ssize_t n = min(len(text), <Py_ssize_t>TEXT_MAX)
+        memcpy(rec + REC_TEXT, <char *>text, n)
+        word(rec, REC_TEXTLEN)[0] = n
+        st(<unsigned long long *>word(rec, REC_ABORT), gen)
+
+    def ack(self, uint64_t gen):
+        """This rank is done with every record of generation ``gen`` and before."""
+        cdef unsigned long long *w = <unsigned long long *>word(self.bases[self.rank], OFF_ACKED)
+        if ld(w) < gen:
+            st(w, gen)
+
+
+cdef class Call:
+    """One collective call on the engine: made by the Python side with the call's
+    geometry, then :meth:`advance`\ d until DONE."""
+
+    cdef Node node
+    cdef readonly uint64_t gen
+    cdef bytes fp
+    cdef int kind, root, kernel, fold_kinds, writes
+    cdef readonly int stage          # 0: record not written, 1: under way, 2: done
+    cdef readonly bint verified
+    cdef bint differ
+    cdef uint64_t mine_steps, tw, tr, base, have_rec, need_rec, full_mask, writers
+    cdef uint64_t kbase[MAXP]
+    cdef uint64_t ksteps[MAXP]
+    cdef uint64_t ktr[MAXP]
+    cdef char *send
+    cdef char *recv
+    cdef Py_ssize_t n, piece, itemsize
+    cdef object keep, ufunc, dtype, recv_arr
+    cdef list seg_arrs
+    cdef bint check
+
+    def __init__(self, Node node, uint64_t gen, str kind, object fp, object send,
+                 object recv, Py_ssize_t n, int root, int kernel, object ufunc):
+        """``fp``: this rank's fingerprint (None: checks off); ``send``/``recv``:
+        C-contiguous numpy arrays of one dtype; ``n``: bytes (Bcast, Allreduce: the
+        whole buffer; Allgather, Alltoall, Reduce_scatter_block: one rank's block);
+        ``kernel``: the compiled SUM kernel (0: fold with ``ufunc``). Acknowledges every
+        record before ``gen`` (this rank is past those calls)."""
+        cdef int p = node.size, r = node.rank, k
+        self.check = fp is not None
+        self.fp = fp if self.check else b""
+        if len(self.fp) > FP_MAX:
+            raise ValueError("fingerprint too long for the shared-memory engine")
+        self.node, self.gen = node, gen
+        self.kind = KINDS[kind]
+        dt = recv.dtype
+        self.root, self.n, self.itemsize, self.kernel = root, n, dt.itemsize, kernel
+        self.ufunc, self.dtype = ufunc, dt
+        self.keep = (send, recv)
+        self.send = _address(send)
+        self.recv = _address(recv)
+        self.recv_arr = recv
+        node.ack(gen - 1)
+        cdef Py_ssize_t itemsize = self.itemsize
+        cdef Py_ssize_t per = node.slot
+        if self.kind == K_ALLTOALL or self.kind == K_RSB:
+            per = node.slot // p
+        per -= per % 64
+        if itemsize > 1:
+            per -= per % itemsize
+        if per <= 0:
+            raise ValueError("shared-memory slot too small for this call")
+        self.piece = per
+        self.fold_kinds = self.kind == K_ALLREDUCE or self.kind == K_RSB
+        self.full_mask = (<uint64_t>1 << p) - 1 if p < 64 else <uint64_t>0xFFFFFFFFFFFFFFFF
+        # Who writes pieces, and whose records this rank needs: every member's with the
+        # checks on; else those of the writers it reads.
+        self.writers = (<uint64_t>1 << root) if self.kind == K_BCAST else self.full_mask
+        self.writes = (self.writers >> r) & 1
+        steps = (n + per - 1) // per if n > 0 else 0
+        self.mine_steps = steps if self.writes else 0
+        if self.check:
+            self.need_rec = self.full_mask
+        elif self.kind == K_BCAST:
+            self.need_rec = self.writers if r != root else <uint64_t>0
+        else:
+            self.need_rec = self.full_mask
+        self.need_rec &= ~(<uint64_t>1 << r)
+        self.have_rec = 0
+        self.seg_arrs = None
+        self.stage = 0
+        self.verified = False
+        self.differ = False
+        self.tw = self.tr = 0
+        for k in range(p):
+            self.ktr[k] = 0
+            self.ksteps[k] = 0
+            self.kbase[k] = 0
+
+    def fingerprints(self):
+        """Each member's fingerprint of this generation (None: not in)."""
+        return [self.node.record_fp(k, self.gen) for k in range(self.node.size)]
+
+    def passed(self):
+        """Members that moved past this generation without a record of it (they took
+        another path for this call)."""
+        out = []
+        for k in range(self.node.size):
+            if (k != self.node.rank and self.node.record_fp(k, self.gen) is None
+                    and self.node.acked(k) >= self.gen):
+                out.append(k)
+        return out
+
+    def missing(self):
+        """Members whose record of this generation is not in yet."""
+        return [k for k in range(self.node.size)
+                if k != self.node.rank and self.node.record_fp(k, self.gen) is None]
+
+    def aborted(self):
+        """``(member, verdict)`` of a member that published one for this generation."""
+        for k in range(self.node.size):
+            if k != self.node.rank:
+                text = self.node.verdict_text(k, self.gen)
+                if text is not None:
+                    return k, text
+        return None
+
+    cpdef int advance(self, int64_t budget_ns) except -1:
+        """Go as far as the other members allow, spinning up to ``budget_ns``: DONE,
+        BLOCKED, MISMATCH or ABORTED."""
+        cdef int64_t end = now_ns() + budget_ns
+        cdef uint64_t spins = 0
+        cdef int r
+        while True:
+            r = self._try()
+            if r != BLOCKED:
+                return r
+            spins += 1
+            if self.node.spin_yield:
+                sched_yield()
+            if (spins & 31) == 0 or budget_ns <= 0:
+                if now_ns() >= end:
+                    return BLOCKED
+
+    cdef int _try(self) except -1:
+        cdef int r
+        if self.stage == 2:
+            return DONE
+        if self.stage == 0:
+            if not self._record():
+                return BLOCKED
+            self.stage = 1
+        self._write()
+        if not self.verified:
+            r = self._records()
+            if r != DONE:
+                return r
+        if self._read() == BLOCKED or self.tw < self.mine_steps:
+            return BLOCKED
+        self.stage = 2
+        self.keep = None
+        self.recv_arr = None
+        self.node.ack(self.gen)
+        return DONE
+
+    cdef bint _record(self) noexcept:
+        """Write this rank's record once its ring entry is free (False: not yet)."""
+        cdef Node node = self.node
+        cdef int k, p = node.size
+        cdef char *rec = node.bases[node.rank] + OFF_RECS + (self.gen % NREC) * REC_BYTES
+        cdef uint64_t old
+        for k in range(p):
+            if node.bases[k] == NULL:
+                return False
+        old = ld(<unsigned long long *>word(rec, REC_GEN))
+        for k in range(p):
+            if k != node.rank and ld(<unsigned long long *>word(node.bases[k], OFF_ACKED)) < old:
+                return False
+        self.base = node.pieces
+        memcpy(rec + REC_FP, <char *>self.fp, len(self.fp))
+        word(rec, REC_FPLEN)[0] = len(self.fp)
+        word(rec, REC_STEPS)[0] = self.mine_steps
+        word(rec, REC_BASE)[0] = self.base
+        word(rec, REC_NBYTES)[0] = self.n
+        st(<unsigned long long *>word(rec, REC_GEN), self.gen)
+        return True
+
+    cdef void _write(self) noexcept:
+        """Write this rank's pieces while slots are free (nobody's record needed)."""
+        cdef Node node = self.node
+        cdef int k, j, p = node.size, r = node.rank
+        cdef char *mine = node.bases[r]
+        cdef char *slot
+        cdef uint64_t s, need
+        cdef Py_ssize_t off, ln
+        while self.tw < self.mine_steps:
+            s = self.base + self.tw
+            if s >= <uint64_t>node.nslots:
+                need = s + 1 - node.nslots
+                for k in range(p):
+                    if ld(<unsigned long long *>word(node.bases[k], OFF_CONSUMED + 64 * r)) < need:
+                        return
+            slot = mine + OFF_DATA + (s % <uint64_t>node.nslots) * node.slot
+            off = <Py_ssize_t>self.tw * self.piece
+            ln = self._len(self.tw)
+            if ln > 0:
+                if self.kind == K_BCAST:
+                    memcpy(slot, self.recv + off, ln)
+                elif self.kind == K_ALLGATHER or self.kind == K_ALLREDUCE:
+                    memcpy(slot, self.send + off, ln)
+                else:  # Alltoall (the others' blocks), Reduce_scatter_block (every block)
+                    for j in range(p):
+                        if j != r or self.kind == K_RSB:
+                            memcpy(slot + j * self.piece, self.send + j * self.n + off, ln)
+            node.pieces = s + 1
+            st(<unsigned long long *>word(mine, OFF_WRITTEN), s + 1)
+            self.tw += 1
+            if not self.fold_kinds:  # (nobody here reads its own pieces)
+                st(<unsigned long long *>word(mine, OFF_CONSUMED + 64 * r), s + 1)
+
+    cdef int _records(self) except -1:
+        """Read the records this rank needs: DONE once all are in and match (then the
+        own-block copies are made), else BLOCKED, MISMATCH or ABORTED."""
+        cdef Node node = self.node
+        cdef int k, p = node.size, r = node.rank
+        cdef char *b
+        cdef char *theirs
+        cdef uint64_t bit
+        cdef bint aborted = False
+        for k in range(p):
+            bit = <uint64_t>1 << k
+            if not (self.need_rec & bit):
+                continue
+            b = node.bases[k]
+            theirs = b + OFF_RECS + (self.gen % NREC) * REC_BYTES
+            if ld(<unsigned long long *>word(theirs, REC_ABORT)) == self.gen:
+                aborted = True
+            if self.have_rec & bit:
+                continue
+            if ld(<unsigned long long *>word(theirs, REC_GEN)) != self.gen:
+                if ld(<unsigned long long *>word(b, OFF_ACKED)) >= self.gen:
+                    return MISMATCH  # it passed this call on another path
+                continue
+            if self.check and (word(theirs, REC_FPLEN)[0] != <uint64_t>len(self.fp) or memcmp(
+                    theirs + REC_FP, <char *>self.fp, len(self.fp)) != 0):
+                self.differ = True  # (the verdict waits for every record)
+                self.have_rec |= bit
+                continue
+            if not self.check and ((self.writers >> k) & 1) and word(theirs, REC_NBYTES)[0] > <uint64_t>self.n:
+                return TRUNCATED
+            self.kbase[k] = word(theirs, REC_BASE)[0]
+            # (a peer's count bounds nothing here: reads stop at this rank's own sizes)
+            self.ksteps[k] = min(word(theirs, REC_STEPS)[0], <uint64_t>node.nslots << 32)
+            self.have_rec |= bit
+            # Its pieces before this call are abandoned (a call that stopped at a
+            # mismatch) or consumed: count them consumed.
+            st(<unsigned long long *>word(node.bases[r], OFF_CONSUMED + 64 * k), self.kbase[k])
+        # Every record in: this rank's own verdict (the same as every member's);
+        # else a member's published verdict (it saw a member on another path).
+        if self.have_rec != self.need_rec:
+            return ABORTED if aborted else BLOCKED
+        if self.differ:
+            return MISMATCH
+        if aborted:
+            return ABORTED
+        if self.writes:
+            self.kbase[r] = self.base
+            self.ksteps[r] = self.mine_steps
+        self.verified = True
+        self._begin()
+        return DONE
+
+    cdef void _begin(self) noexcept:
+        """The copies of this rank's own block that need nobody."""
+        cdef int r = self.node.rank
+        if self.kind == K_ALLGATHER and self.send != self.recv + r * self.n:
+            memcpy(self.recv + r * self.n, self.send, self.n)
+        elif self.kind == K_ALLTOALL and self.send != self.recv:
+            memcpy(self.recv + r * self.n, self.send + r * self.n, self.n)
+
+    cdef inline Py_ssize_t _len(self, uint64_t t) noexcept:
+        cdef Py_ssize_t off = <Py_ssize_t>t * self.piece
+        if off >= self.n:
+            return 0
+        return min(self.piece, self.n - off)
+
+    cdef inline char *_slot_of(self, int k, uint64_t s) noexcept:
+        return self.node.bases[k] + OFF_DATA + (s % <uint64_t>self.node.nslots) * self.node.slot
+
+    cdef int _read(self) except -1:
+        """Copy (or fold) the pieces this rank needs as their writers publish them."""
+        cdef Node node = self.node
+        cdef int k, p = node.size, r = node.rank
+        cdef uint64_t s, t
+        cdef char *mine = node.bases[r]
+        cdef char *theirs
+        cdef Py_ssize_t off, ln
+        cdef bint blocked = False
+        if self.fold_kinds:
+            return self._fold_all()
+        for k in range(p):
+            if k == r or not ((self.writers >> k) & 1):
+                continue
+            while self.ktr[k] < self.ksteps[k]:
+                t = self.ktr[k]
+                s = self.kbase[k] + t
+                if ld(<unsigned long long *>word(node.bases[k], OFF_WRITTEN)) <= s:
+                    blocked = True
+                    break
+                theirs = self._slot_of(k, s)
+                ln = self._len(t)
+                off = <Py_ssize_t>t * self.piece
+                if ln > 0:
+                    if self.kind == K_BCAST:
+                        memcpy(self.recv + off, theirs, ln)
+                    elif self.kind == K_ALLGATHER:
+                        memcpy(self.recv + k * self.n + off, theirs, ln)
+                    else:
+                        memcpy(self.recv + k * self.n + off, theirs + r * self.piece, ln)
+                self.ktr[k] = t + 1
+                st(<unsigned long long *>word(mine, OFF_CONSUMED + 64 * k), s + 1)
+        return BLOCKED if blocked else DONE
+
+    cdef int _fold_all(self) except -1:
+        """Fold every member's piece of each step into the output, in rank order (the
+        same bytes and order on every member: bit-identical results)."""
+        cdef Node node = self.node
+        cdef int k, p = node.size, r = node.rank
+        cdef uint64_t t, s, most = 0
+        cdef Py_ssize_t sub = 0 if self.kind == K_ALLREDUCE else r * self.piece
+        cdef Py_ssize_t off, ln
+        cdef char *mine = node.bases[r]
+        cdef bint whole
+        for k in range(p):
+            if self.ksteps[k] > most:
+                most = self.ksteps[k]
+        while self.tr < most:
+            t = self.tr
+            whole = True
+            for k in range(p):
+                if t >= self.ksteps[k]:
+                    whole = False  # (calls that differ, checks off: no result)
+                    continue
+                if ld(<unsigned long long *>word(node.bases[k], OFF_WRITTEN)) <= self.kbase[k] + t:
+                    return BLOCKED
+            ln = self._len(t)
+            off = <Py_ssize_t>t * self.piece
+            if whole and ln > 0:
+                self._fold(t, off, ln, sub)
+            for k in range(p):
+                if t < self.ksteps[k]:
+                    s = self.kbase[k] + t
+                    st(<unsigned long long *>word(mine, OFF_CONSUMED + 64 * k), s + 1)
+            self.tr = t + 1
+        return DONE
+
+    cdef int _fold(self, uint64_t t, Py_ssize_t off, Py_ssize_t ln, Py_ssize_t sub) except -1:
+        cdef Node node = self.node
+        cdef int k, p = node.size
+        cdef char *out = self.recv + off
+        if self.kernel:
+            _sum(self.kernel, self._slot_of(0, self.kbase[0] + t) + sub,
+                 self._slot_of(1, self.kbase[1] + t) + sub, out, ln)
+            for k in range(2, p):
+                _sum(self.kernel, out, self._slot_of(k, self.kbase[k] + t) + sub, out, ln)
+            return 0
+        if self.seg_arrs is None:
+            self.seg_arrs = [np.frombuffer(node.owners[k], np.uint8) for k in range(p)]
+        dt = self.dtype
+        o = self.recv_arr.reshape(-1).view(np.uint8)[off:off + ln].view(dt)
+        segs = self.seg_arrs
+        views = []
+        for k in range(p):
+            so = OFF_DATA + ((self.kbase[k] + t) % <uint64_t>node.nslots) * node.slot + sub
+            views.append(segs[k][so:so + ln].view(dt))
+        self.ufunc(views[0], views[1], out=o)
+        for k in range(2, p):
+            self.ufunc(o, views[k], out=o)
+        return 0
