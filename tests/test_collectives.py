@@ -93,3 +93,10 @@ def test_collectives_over_tcp(name):
 def test_gpu_collectives(nranks):
     """cupy buffers: device reductions, CUDA transports (skipped without CUDA and cupy)."""
     run_case(COLL_CASES, "gpu_collectives", nranks)
+
+
+@pytest.mark.parametrize("nranks", [3, 4, 5])
+def test_bcast_scatter_ring_allgather(nranks):
+    """Large Bcast at 3 ranks or more (scatter + ring allgather): odd sizes, every root,
+    counts not divisible by the size."""
+    run_case(COLL_CASES, "bcast_scatter_ring", nranks)

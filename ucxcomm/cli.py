@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -131,18 +132,20 @@ def _bench_parser(sub) -> None:
                        choices=[*_BENCH_SUITES, "all", "elastic"],
                        help="what to measure (default all); elastic: what surviving a "
                        "death costs (ucxcomm alone; not in all)")
-    bench.add_argument("-n", type=int, default=2, dest="n",
+    bench.add_argument("-n", type=int, default=None, dest="n",
                        help="ranks for collectives and torch (the others use 2); default 2")
     bench.add_argument("--sizes", help="message sizes, e.g. 8,4K,1M,64M (default: the "
                        "suite's OSU-like sweep)")
+    bench.add_argument("--ops", help="comma separated operations of the suite, e.g. "
+                       "Allreduce,Bcast (case does not matter; default: all of them)")
     bench.add_argument("--quick", action="store_true",
                        help="few sizes and repetitions: a smoke test, not a measurement")
     bench.add_argument("--compare", help=f"comma separated peers among {','.join(_PEERS)} "
                        "(default: all that are installed); 'none' for ucxcomm alone")
-    bench.add_argument("--transport", choices=["shm", "tcp"], default="shm",
+    bench.add_argument("--transport", choices=["shm", "tcp"], default=None,
                        help="shm: each library's default on one host; tcp: UCX_TLS=tcp,self "
                        "and UCX_NET_DEVICES=lo for every UCX-based library, MPICH without "
-                       "shared memory")
+                       "shared memory (default shm)")
     bench.add_argument("--json", metavar="OUT.jsonl", help="write the records as JSON lines")
     bench.add_argument("--plot", metavar="OUT.png", help="plot (needs matplotlib)")
     bench.add_argument("--quiet", action="store_true", help="no progress display")
@@ -155,6 +158,21 @@ def _bench_parser(sub) -> None:
                        "every peer alike, when there is a core per rank)")
     bench.add_argument("--timeout", type=float, default=900.0,
                        help="seconds one job may take (default 900)")
+    hosts = bench.add_argument_group(
+        "many hosts (collectives only; root: network namespaces)",
+        "--hosts N builds a cluster of N network-namespace hosts on a bridge for the run "
+        "(torn down after it, also on an error or Ctrl-C), each host's link shaped to "
+        "--link in both directions (tc tbf), and runs ucxcomm, mpi4py+MPICH and gloo there, "
+        "TCP only. The table adds algbw, busbw (nccl-tests' formulas) and busbw as a "
+        "percentage of the link rate; --json records add link_bps, busbw_pct_link and "
+        "ucxcomm's speedup over each peer.")
+    hosts.add_argument("--hosts", type=int, metavar="N",
+                       help="hosts of the cluster (2 or more); ranks = N x --ranks-per-host")
+    hosts.add_argument("--ranks-per-host", type=int, default=1, metavar="K",
+                       help="ranks sharing each host's namespace (default 1)")
+    hosts.add_argument("--link", metavar="RATE",
+                       help="each host's link rate, tc units: e.g. 200mbit, 1gbit, 2.5gbit "
+                       "(default: unshaped)")
 
 
 def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -179,7 +197,13 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         bad = [c for c in compare if c not in _PEERS]
         if bad:
             parser.error(f"--compare: unknown {', '.join(bad)}; choose among {','.join(_PEERS)}")
-    if args.n < 2:
+    cannot = _bench_hosts(args, parser)
+    if cannot not in (None, "ok"):
+        print(f"ucxcomm bench: --hosts cannot build its cluster here: {cannot}",
+              file=sys.stderr)
+        return 1
+    nranks = 2 if args.n is None else args.n
+    if nranks < 2:
         parser.error("-n must be >= 2")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib: pip install 'ucxcomm[bench]'")
@@ -190,11 +214,20 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if why:
             parser.error(f"--gpu: {why}")
     suites = list(_BENCH_SUITES) if args.suite == "all" else [args.suite]
-    opts = driver.Options(suites=suites, nranks=args.n, sizes=sizes, quick=args.quick,
-                          compare=compare, transport=args.transport, json_out=args.json,
-                          plot_out=args.plot, quiet=args.quiet, gpu=args.gpu,
-                          timeout=args.timeout, bind=not args.no_bind)
-    records = driver.run(opts)
+    ops = _bench_ops(args.ops, suites, parser) if args.ops else None
+    opts = driver.Options(suites=suites, nranks=nranks, sizes=sizes, quick=args.quick,
+                          compare=compare, transport=args.transport or "shm",
+                          json_out=args.json, plot_out=args.plot, quiet=args.quiet,
+                          gpu=args.gpu, timeout=args.timeout, bind=not args.no_bind,
+                          hosts=args.hosts, ranks_per_host=args.ranks_per_host,
+                          link=args.link_bps, ops=ops)
+    try:
+        records = driver.run(opts)
+    except KeyboardInterrupt as exc:  # (Ctrl-C; SIGTERM too in a --hosts run)
+        sig = getattr(exc, "signum", signal.SIGINT)
+        torn = " (the namespace cluster was torn down)" if args.hosts else ""
+        print(f"\nucxcomm bench: stopped by signal {int(sig)}{torn}", file=sys.stderr)
+        return 128 + int(sig)
     print(driver.table(records))
     if args.plot and records:
         driver.plot(records, args.plot)
@@ -202,6 +235,52 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print("ucxcomm bench: no ucxcomm measurement completed", file=sys.stderr)
         return 1
     return 0
+
+
+def _bench_ops(text: str, suites: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``--ops``: the suites' operation names, any case (``Reduce_scatter`` is
+    reduce_scatter_block)."""
+    from .bench.spec import SUITES
+
+    known = [op for suite in suites for op in SUITES[suite]]
+    out = []
+    for name in (t.strip().lower() for t in text.split(",")):
+        name = {"reduce_scatter": "reduce_scatter_block"}.get(name, name)
+        if name not in known:
+            parser.error(f"--ops: unknown {name!r} for {', '.join(suites)}; choose among "
+                         f"{','.join(known)}")
+        out.append(name)
+    return out
+
+
+def _bench_hosts(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
+    """Checks the --hosts options (a usage error exits); sets ``args.link_bps``. Returns
+    None without --hosts, "ok", or why the cluster cannot be built here."""
+    from .bench.netns import MAX_HOSTS, parse_rate, unavailable
+
+    args.link_bps = None
+    if args.hosts is None:
+        if args.link is not None or args.ranks_per_host != 1:
+            parser.error("--link and --ranks-per-host need --hosts")
+        return None
+    if args.suite != "collectives":
+        parser.error("--hosts runs the collectives suite only: ucxcomm bench collectives "
+                     "--hosts N ...")
+    for flag, given in (("-n", args.n is not None), ("--transport", args.transport),
+                        ("--gpu", args.gpu)):
+        if given:
+            parser.error(f"{flag} does not go with --hosts (ranks = --hosts x "
+                         "--ranks-per-host, TCP between namespace hosts, host memory)")
+    if args.ranks_per_host < 1:
+        parser.error("--ranks-per-host must be >= 1")
+    if not 2 <= args.hosts <= MAX_HOSTS:
+        parser.error(f"--hosts must be 2 to {MAX_HOSTS}")
+    if args.link is not None:
+        try:
+            args.link_bps = parse_rate(args.link)
+        except ValueError as exc:
+            parser.error(f"--link: {exc}")
+    return unavailable(shaped=args.link is not None) or "ok"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

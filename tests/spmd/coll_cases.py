@@ -1105,5 +1105,39 @@ async def object_collective_failures_reach_every_rank(comm):
     assert await comm.allgather(r) == list(range(p))
 
 
+@case
+async def bcast_scatter_ring(comm):
+    """Bcast's scatter + ring allgather (large messages, 3 ranks or more), forced on with
+    small segments: every root, counts that do not divide by the size (blocks of
+    different lengths, segments that do not divide a block), one element per rank, byte
+    and float dtypes, a read-only root buffer; below one element per rank the tree
+    serves. Then the default switch point and segment, at the last rank as root."""
+    p, r = comm.size, comm.rank
+    saved = dict(algorithms.TUNING)
+    try:
+        algorithms.TUNING["bcast_scatter_min"] = 0
+        algorithms.TUNING["segment"] = 4096
+        for dtype in (np.uint8, np.float64):
+            for n in (p - 1, p, p + 1, 7919, 3 * 4096 * p + 11):
+                for root in range(p):
+                    want = inp(root, n, dtype, salt=n)
+                    if r == root:
+                        buf = want.copy()
+                        buf.flags.writeable = False  # the root's buffer is only read
+                    else:
+                        buf = np.zeros(n, dtype)
+                    await comm.Bcast(buf, root=root)
+                    check(buf, want, ("bcast scatter+ring", np.dtype(dtype).name, n, root))
+        algorithms.TUNING.update(saved)
+        n = algorithms.TUNING["bcast_scatter_min"] // 8 * 3 + 5  # float64: above it
+        root = p - 1
+        want = inp(root, n, np.float64, salt=1)
+        buf = want.copy() if r == root else np.zeros(n, np.float64)
+        await comm.Bcast(buf, root=root)
+        check(buf, want, ("bcast scatter+ring, default tuning", n, root))
+    finally:
+        algorithms.TUNING.update(saved)
+
+
 if __name__ == "__main__":
     cases.main()

@@ -6,6 +6,10 @@ For every suite and size, each implementation runs one job under its own launche
 asyncio streams as two forked processes). Jobs print ``BENCH {json}`` lines; the driver
 adds the suite and the settings, then prints a table with ratios, and writes JSON lines
 and a PNG on request. A peer that is not installed is skipped with a one-line note.
+
+With ``hosts`` (``--hosts N``), the collectives suite runs across a network-namespace
+cluster instead, links shaped to ``link`` bits/s (:mod:`ucxcomm.bench.hosts`); its
+records and table add busbw as a share of the link rate.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
+from . import hosts as _hosts
 from . import launchers as _launch
 from . import perftest as _perftest
 from .spec import DEFAULT_SIZES, OPS, QUICK_SIZES, SUITES, applies, size_label
@@ -44,6 +50,17 @@ class Options:
     gpu: bool = False
     timeout: float = 900.0
     bind: bool = True  # every peer's ranks one per core, when there is a core per rank
+    hosts: int | None = None  # collectives across a namespace cluster of this many hosts
+    ranks_per_host: int = 1
+    link: int | None = None  # the hosts' link rate, bits/s each way (None: unshaped)
+    ops: list[str] | None = None  # only these operations (None: every op of the suite)
+
+    @property
+    def layout(self) -> _hosts.Layout | None:
+        """The cluster of a ``--hosts`` run (None: one host)."""
+        if self.hosts is None:
+            return None
+        return _hosts.Layout(self.hosts, self.ranks_per_host, self.link)
 
 
 @dataclass
@@ -355,11 +372,40 @@ def chosen_impls(opts: Options, progress: _Progress) -> list[Impl]:
 
 def run(opts: Options) -> list[dict]:
     """Run every suite of ``opts``; returns the records (also written/printed/plotted
-    as ``opts`` says)."""
+    as ``opts`` says). With ``opts.hosts``, in a cluster built for the run and torn down
+    after it (on an error or Ctrl-C too)."""
     progress = _Progress(opts.quiet)
     impls = chosen_impls(opts, progress)
-    env = _env(opts)
-    sett = settings(opts)
+    layout = opts.layout
+    if layout is None:
+        records = _sweep(opts, impls, progress, _env(opts), settings(opts),
+                         lambda impl: impl.start)
+    else:
+        for impl in impls:
+            if impl.name not in _hosts.IMPLS and "collectives" in impl.ops:
+                progress.note(f"skipping {impl.name}: not runnable across --hosts")
+        impls = [i for i in impls if i.name in _hosts.IMPLS]
+        with _hosts.cluster(layout) as cluster:
+            records = _sweep(
+                opts, impls, progress, _hosts.env(_env(opts)),
+                _hosts.settings(layout, opts.bind),
+                lambda impl: partial(_hosts.IMPLS[impl.name], cluster, layout),
+                nranks=layout.nranks)
+        _hosts.annotate(records, layout)
+    add_speedups(records)
+    progress.done()
+    if opts.json_out:
+        os.makedirs(os.path.dirname(opts.json_out) or ".", exist_ok=True)
+        with open(opts.json_out, "w") as f:
+            for rec in records:
+                f.write(json.dumps(rec) + "\n")
+    return records
+
+
+def _sweep(opts: Options, impls: list[Impl], progress: _Progress, env: dict[str, str],
+           sett: dict[str, str], starter: Callable[[Impl], Callable[..., list[dict]]],
+           nranks: int | None = None) -> list[dict]:
+    """Every suite's jobs, sizes outermost, implementations alternating."""
     records: list[dict] = []
     for suite in opts.suites:
         if suite == "torch" and importlib.util.find_spec("torch") is None:
@@ -367,11 +413,12 @@ def run(opts: Options) -> list[dict]:
                           "(pip install 'ucxcomm[torch]')")
             continue
         sizes = opts.sizes or (QUICK_SIZES if opts.quick else DEFAULT_SIZES)[suite]
-        n = opts.nranks if suite in ("collectives", "torch") else 2
+        n = nranks or (opts.nranks if suite in ("collectives", "torch") else 2)
         if opts.gpu and "ucxcomm" not in [i.name for i in impls if suite in i.gpu]:
             progress.note(f"skipping the {suite} suite: no GPU variant (--gpu)")
             continue
-        jobs = [(size, impl, [op for op in impl.ops.get(suite, ()) if applies(op, size, sizes)])
+        jobs = [(size, impl, [op for op in impl.ops.get(suite, ())
+                              if applies(op, size, sizes) and (not opts.ops or op in opts.ops)])
                 for size in sizes for impl in impls if not opts.gpu or suite in impl.gpu]
         jobs = [j for j in jobs if j[2]]
         for k, (size, impl, ops) in enumerate(jobs, 1):
@@ -382,16 +429,26 @@ def run(opts: Options) -> list[dict]:
                      ) -> None:
                 progress.note(f"{suite} {impl.name} {size_label(size)}: {text}")
 
-            for rec in impl.start(suite, ops, size, n, opts, env, note):
+            for rec in starter(impl)(suite, ops, size, n, opts, env, note):
                 rec.update(suite=suite, settings=sett)
                 records.append(rec)
-    progress.done()
-    if opts.json_out:
-        os.makedirs(os.path.dirname(opts.json_out) or ".", exist_ok=True)
-        with open(opts.json_out, "w") as f:
-            for rec in records:
-                f.write(json.dumps(rec) + "\n")
     return records
+
+
+def add_speedups(records: list[dict]) -> None:
+    """ucxcomm's speedup over each peer (> 1: ucxcomm faster), as the table's ``x``
+    columns show it, in each of ucxcomm's records: ``speedup = {peer: x}``."""
+    cell = {(r.get("suite"), r["op"], r["size"], r["impl"]): r for r in records}
+    for r in records:
+        if not r["impl"].startswith("ucxcomm") or r["median"] <= 0:
+            continue
+        out = {}
+        for (suite, op, size, impl), peer in cell.items():
+            if (suite, op, size) == (r.get("suite"), r["op"], r["size"]) \
+                    and not impl.startswith("ucxcomm") and peer["median"] > 0:
+                out[impl] = _speedup(r, peer)
+        if out:
+            r["speedup"] = out
 
 
 # --------------------------------------------------------------------------- the report
@@ -416,6 +473,9 @@ def table(records: list[dict]) -> str:
             ours = next((i for i in impls if i.startswith("ucxcomm")), None)
             peers = [i for i in impls if i != ours]
             nr = rows[0]["nranks"]
+            if "hosts" in rows[0]:
+                lines += _hosts_block(suite, op, rows, ours, peers)
+                continue
             lines.append(f"\n{suite} {op} [{unit}], {nr} ranks: {what}")
             if unit == "us" and suite == "collectives":
                 lines.append("  (busbw GB/s in the JSON; nccl-tests formulas)")
@@ -442,6 +502,38 @@ def table(records: list[dict]) -> str:
                      "ucx_perftest is a reference, not a ceiling (its window and "
                      "progress differ)")
     return "\n".join(lines)
+
+
+def _hosts_block(suite: str, op: str, rows: list[dict], ours: str | None,
+                 peers: list[str]) -> list[str]:
+    """One collective across --hosts: per size, one line per implementation with its
+    time, algbw, busbw (MB/s: 1e6 B/s) and busbw as a share of the link rate, then
+    ucxcomm's speedup over that peer."""
+    r0 = rows[0]
+    lines = [f"\n{suite} {op}, {r0['hosts']} hosts x {r0['ranks_per_host']} rank(s) "
+             f"({r0['nranks']} ranks), link {r0['link']} each way: {OPS[op][1]}"]
+    lines.append(f"{'size':>8}  {'impl':<10}{'time us':>12}{'algbw MB/s':>12}"
+                 f"{'busbw MB/s':>12}{'busbw %link':>13}{'ucxcomm x':>11}")
+    cell = {(r["impl"], r["size"]): r for r in rows}
+    order = ([ours] if ours else []) + peers
+    for size in sorted({r["size"] for r in rows}):
+        first = True
+        for impl in order:
+            r = cell.get((impl, size))
+            if r is None:
+                continue
+            label = size_label(size) if first else ""
+            first = False
+            pct = r.get("busbw_pct_link")
+            a = cell.get((ours, size)) if ours else None
+            x = (f"{_speedup(a, r):>11.2f}" if a and impl != ours and a["median"] > 0
+                 and r["median"] > 0 else f"{'-':>11}")
+            lines.append(f"{label:>8}  {impl:<10}{r['median']:>12.1f}"
+                         f"{r['algbw_GBps'] * 1e3:>12.2f}{r['busbw_GBps'] * 1e3:>12.2f}"
+                         + (f"{pct:>12.1f}%" if pct is not None else f"{'-':>13}") + x)
+    lines.append("  (busbw: nccl-tests' formulas; 'ucxcomm x' = ucxcomm's speedup over "
+                 "that peer, > 1: ucxcomm faster)")
+    return lines
 
 
 def plot(records: list[dict], path: str) -> None:
