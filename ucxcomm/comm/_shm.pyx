@@ -73,6 +73,7 @@ cdef enum:
     REC_FPLEN = 16
     REC_BASE = 40        # its first piece's number
     REC_NBYTES = 48      # the bytes of its call (n)
+    REC_OFF = 56         # with a verdict: 1 when every member stops using the engine
     REC_ABORT = 24       # generation whose verdict follows (written after the text)
     REC_TEXTLEN = 32
     REC_FP = 64
@@ -104,7 +105,8 @@ DONE = 0
 BLOCKED = 1
 MISMATCH = 2   # every record is in and they differ, or a member passed this generation
 ABORTED = 3    # a member published a verdict for this generation
-TRUNCATED = 4  # (checks off) a writer's message is longer than this rank's buffer takes
+TRUNCATED = 4  # done, but (checks off) a writer's message was longer than this rank's
+               # buffer: its pieces were consumed and nothing was written
 
 
 cdef inline uint64_t *word(char *base, Py_ssize_t off) noexcept nogil:
@@ -262,7 +264,8 @@ cdef class Node:
         return (rec + REC_FP)[:min(n, <uint64_t>FP_MAX)]
 
     def verdict_text(self, int k, uint64_t gen):
-        """The verdict member ``k`` published for generation ``gen``, or None."""
+        """``(text, off)`` of the verdict member ``k`` published for generation ``gen``
+        (``off``: the engine is off for the communicator from now on), or None."""
         cdef char *b = self.bases[k]
         if b == NULL:
             return None
@@ -270,16 +273,17 @@ cdef class Node:
         if ld(<unsigned long long *>word(rec, REC_ABORT)) != gen:
             return None
         cdef uint64_t n = word(rec, REC_TEXTLEN)[0]
-        return (rec + REC_TEXT)[:min(n, <uint64_t>TEXT_MAX)].decode("utf-8", "replace")
+        return ((rec + REC_TEXT)[:min(n, <uint64_t>TEXT_MAX)].decode("utf-8", "replace"),
+                bool(word(rec, REC_OFF)[0]))
 
-    def publish_verdict(self, uint64_t gen, bytes text):
-        """Write this rank's verdict of generation ``gen`` (its peers raise it too)."""
+    def publish_verdict(self, uint64_t gen, bytes text, bint off=False):
+        """Write this rank's verdict of generation ``gen`` (its peers raise it too), with
+        or without its record (a member's segment missing: no record could be written)."""
         cdef char *rec = self.bases[self.rank] + OFF_RECS + (gen % NREC) * REC_BYTES
-        if ld(<unsigned long long *>word(rec, REC_GEN)) != gen:
-            return  # (this rank never wrote its record there: nobody waits on it)
         cdef Py_ssize_t n = min(len(text), <Py_ssize_t>TEXT_MAX)
         memcpy(rec + REC_TEXT, <char *>text, n)
         word(rec, REC_TEXTLEN)[0] = n
+        word(rec, REC_OFF)[0] = off
         st(<unsigned long long *>word(rec, REC_ABORT), gen)
 
     def ack(self, uint64_t gen):
@@ -299,7 +303,7 @@ cdef class Call:
     cdef int kind, root, kernel, fold_kinds, writes
     cdef readonly int stage          # 0: record not written, 1: under way, 2: done
     cdef readonly bint verified
-    cdef bint differ
+    cdef bint differ, truncated
     cdef uint64_t mine_steps, tw, tr, base, have_rec, need_rec, full_mask, writers
     cdef uint64_t kbase[MAXP]
     cdef uint64_t ksteps[MAXP]
@@ -363,6 +367,7 @@ cdef class Call:
         self.stage = 0
         self.verified = False
         self.differ = False
+        self.truncated = False
         self.tw = self.tr = 0
         for k in range(p):
             self.ktr[k] = 0
@@ -389,12 +394,13 @@ cdef class Call:
                 if k != self.node.rank and self.node.record_fp(k, self.gen) is None]
 
     def aborted(self):
-        """``(member, verdict)`` of a member that published one for this generation."""
+        """``(member, verdict, off)`` of a member that published one for this
+        generation (see :meth:`Node.verdict_text`)."""
         for k in range(self.node.size):
             if k != self.node.rank:
-                text = self.node.verdict_text(k, self.gen)
-                if text is not None:
-                    return k, text
+                got = self.node.verdict_text(k, self.gen)
+                if got is not None:
+                    return k, got[0], got[1]
         return None
 
     cpdef int advance(self, int64_t budget_ns) except -1:
@@ -433,20 +439,18 @@ cdef class Call:
         self.keep = None
         self.recv_arr = None
         self.node.ack(self.gen)
-        return DONE
+        return TRUNCATED if self.truncated else DONE
 
     cdef bint _record(self) noexcept:
         """Write this rank's record once its ring entry is free (False: not yet)."""
         cdef Node node = self.node
         cdef int k, p = node.size
         cdef char *rec = node.bases[node.rank] + OFF_RECS + (self.gen % NREC) * REC_BYTES
-        cdef uint64_t old
-        for k in range(p):
-            if node.bases[k] == NULL:
-                return False
-        old = ld(<unsigned long long *>word(rec, REC_GEN))
-        for k in range(p):
-            if k != node.rank and ld(<unsigned long long *>word(node.bases[k], OFF_ACKED)) < old:
+        cdef uint64_t old = ld(<unsigned long long *>word(rec, REC_GEN))
+        for k in range(p):  # (a first record needs no peer: a member that cannot map
+            if k == node.rank or old == 0:  # segments still learns of this call)
+                continue
+            if node.bases[k] == NULL or ld(<unsigned long long *>word(node.bases[k], OFF_ACKED)) < old:
                 return False
         self.base = node.pieces
         memcpy(rec + REC_FP, <char *>self.fp, len(self.fp))
@@ -470,7 +474,8 @@ cdef class Call:
             if s >= <uint64_t>node.nslots:
                 need = s + 1 - node.nslots
                 for k in range(p):
-                    if ld(<unsigned long long *>word(node.bases[k], OFF_CONSUMED + 64 * r)) < need:
+                    if node.bases[k] == NULL or ld(<unsigned long long *>word(
+                            node.bases[k], OFF_CONSUMED + 64 * r)) < need:
                         return
             slot = mine + OFF_DATA + (s % <uint64_t>node.nslots) * node.slot
             off = <Py_ssize_t>self.tw * self.piece
@@ -504,6 +509,8 @@ cdef class Call:
             if not (self.need_rec & bit):
                 continue
             b = node.bases[k]
+            if b == NULL:
+                continue  # (not mapped yet: its record is missing)
             theirs = b + OFF_RECS + (self.gen % NREC) * REC_BYTES
             if ld(<unsigned long long *>word(theirs, REC_ABORT)) == self.gen:
                 aborted = True
@@ -519,7 +526,7 @@ cdef class Call:
                 self.have_rec |= bit
                 continue
             if not self.check and ((self.writers >> k) & 1) and word(theirs, REC_NBYTES)[0] > <uint64_t>self.n:
-                return TRUNCATED
+                self.truncated = True  # (its pieces are consumed, unwritten: then raise)
             self.kbase[k] = word(theirs, REC_BASE)[0]
             # (a peer's count bounds nothing here: reads stop at this rank's own sizes)
             self.ksteps[k] = min(word(theirs, REC_STEPS)[0], <uint64_t>node.nslots << 32)
@@ -539,7 +546,8 @@ cdef class Call:
             self.kbase[r] = self.base
             self.ksteps[r] = self.mine_steps
         self.verified = True
-        self._begin()
+        if not self.truncated:
+            self._begin()
         return DONE
 
     cdef void _begin(self) noexcept:
@@ -580,7 +588,7 @@ cdef class Call:
                     blocked = True
                     break
                 theirs = self._slot_of(k, s)
-                ln = self._len(t)
+                ln = 0 if self.truncated else self._len(t)
                 off = <Py_ssize_t>t * self.piece
                 if ln > 0:
                     if self.kind == K_BCAST:
@@ -617,7 +625,7 @@ cdef class Call:
                     return BLOCKED
             ln = self._len(t)
             off = <Py_ssize_t>t * self.piece
-            if whole and ln > 0:
+            if whole and ln > 0 and not self.truncated:
                 self._fold(t, off, ln, sub)
             for k in range(p):
                 if t < self.ksteps[k]:

@@ -4,14 +4,17 @@
 ``Comm``'s own methods, no forwarding layer). :data:`COLLECTIVES` lists every collective
 and the tiers that serve it: a compiled small-message call (``comm/_fast.pyx``), the
 Python small-message path (``comm/small.py``), the general algorithms
-(``comm/algorithms.py``). Lowercase methods move Python objects, Capitalized ones move
-buffers (numpy arrays, bytearray/memoryview, cupy arrays on the GPU) without staging
-copies; ``barrier`` lives here too. Each blocking collective ``X`` takes ``timeout=``
-and awaits ``_X(...)``, which checks the arguments and starts the operation (an
-awaitable, or ``DONE`` when it finished in the call); ``IX`` wraps the same start in a
-:class:`~ucxcomm.Request`. Every argument is checked before a collective takes its
-sequence number, so a bad call raises at once on the calling rank and leaves the
-communicator usable. The algorithms themselves live in :mod:`ucxcomm.comm.algorithms`.
+(``comm/algorithms.py``); on one host, the mid-size calls of Bcast, Allgather, Alltoall,
+Allreduce and Reduce_scatter_block take the node's shared-memory engine
+(``comm/shm.py``) before the general algorithms. Lowercase methods move Python objects,
+Capitalized ones move buffers (numpy arrays, bytearray/memoryview, cupy arrays on the
+GPU) without staging copies; ``barrier`` lives here too. Each blocking collective ``X``
+takes ``timeout=`` and awaits ``_X(...)``, which checks the arguments and starts the
+operation (an awaitable, or ``DONE`` when it finished in the call); ``IX`` wraps the
+same start in a :class:`~ucxcomm.Request`. Every argument is checked before a collective
+takes its sequence number, so a bad call raises at once on the calling rank and leaves
+the communicator usable. The algorithms themselves live in
+:mod:`ucxcomm.comm.algorithms`.
 
 Non-blocking forms (``Ibcast``, ``Iallreduce``... and ``ibarrier``) start the operation
 immediately and return a :class:`~ucxcomm.Request`; like MPI, every rank must start the
@@ -401,8 +404,10 @@ class Collectives:
 
     # ============================================================== buffers
     async def Bcast(self, buf: Any, root: int = 0, *, timeout: float | None = None) -> None:
-        """Broadcast ``buf`` from ``root`` into ``buf`` on every rank (binomial tree,
-        segmented for large messages)."""
+        """Broadcast ``buf`` from ``root`` into ``buf`` on every rank: on one host, the
+        node's shared-memory engine above 8 KiB (``comm/shm.py``); otherwise a binomial
+        tree, segmented for large messages, or scatter + ring allgather from 512 KiB at
+        3 ranks or more."""
         if timeout is not None:
             return await self._deadline(self._Bcast, (buf, root), timeout, "Bcast")
         res = self._Bcast(buf, root)

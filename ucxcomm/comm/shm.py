@@ -51,7 +51,7 @@ import numpy as np
 from .. import settings
 from ..errors import CollectiveMismatch, PeerFailure, TruncationError
 from ..tags import FULL_MASK, KIND_COLL, TAG_BITS, TAG_UB, make_tag
-from . import fingerprint
+from . import fingerprint, trace
 from .algorithms import Chan
 from .small import DONE
 
@@ -75,6 +75,11 @@ KINDS = ("Bcast", "Allgather", "Alltoall", "Allreduce", "Reduce_scatter_block")
 # this long, every POLL_SLEEP_S (a peer that is seconds late costs no core).
 _BUSY_S = 0.005
 _POLL_SLEEP_S = 0.0005
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()  # (a send to a member that died meanwhile: nobody waits on it)
 
 
 def _unlink(path: str | None) -> None:
@@ -200,6 +205,8 @@ class NodeShm:
                 mem.close()
                 done = False
         self._mapped = done
+        if done and self._own_path is not None:
+            self._unlink_own()
         return done
 
     def close(self) -> None:
@@ -232,21 +239,27 @@ class NodeShm:
         g = self._group
         gen = ((g.seq_wraps - (seq == TAG_UB)) << TAG_BITS | seq) + 1
         call = self._Call(self._node, gen, what, fp, send, recv, n, root, kernel, ufunc)
-        if self._mapped or self._attach():
-            st = call.advance(self._budget_ns)
-            if st == 0:
-                if self._own_path is not None:
-                    self._unlink_own()
-                return DONE
-            if st == 4:
-                self._truncated(call, what)
+        if not self._mapped:
+            self._attach()
+        st = call.advance(self._budget_ns)
+        if st == 0:  # (finished here: its flight record, as the compiled paths write)
+            rec = g.world.recorder
+            rec.end(rec.start(what, trace.WAITING, g.cid, self.rank, self.size, seq,
+                              root if root >= 0 else -2,
+                              g.members[root] if root >= 0 else -2))
+            if self._own_path is not None:
+                self._unlink_own()
+            return DONE
+        if st == 4:
+            self._truncated(call, what)
         return self._rest(call, what, seq, fp)
 
     def _unlink_own(self) -> None:
-        """Unlink this rank's segment's name once every member has mapped every
-        segment."""
+        """Once every member has mapped every segment, unlink every segment's name (the
+        last member to map them may be another: any member may unlink them all)."""
         if self._own_path is not None and self._node.everyone_mapped():
-            _unlink(self._own_path)
+            for path in self._paths:
+                _unlink(path)
             self._forget_own()
 
     def _check_failed(self, what: str) -> None:
@@ -260,19 +273,37 @@ class NodeShm:
                 raise PeerFailure(f"{what}: {reason}", peer=m)
 
     async def _rest(self, call: Any, what: str, seq: int, fp: bytes | None) -> None:
+        """Finish ``call`` from the event loop (see :meth:`_wait`)."""
+        answered: set[int] = set()
+        got: dict[int, bytes] = {}
+        try:
+            await self._wait(call, what, seq, fp, got, answered)
+        except asyncio.CancelledError:
+            # Given up (timeout=, cancelled) before the records were in: a member on a
+            # network path that waits for this rank's first message gets it (it raises
+            # instead of hanging; this communicator is out of step anyway).
+            if fp is not None and not call.verified:
+                ch = Chan(self._group, seq, what)
+                for k in call.missing():
+                    if k not in answered and k not in got:
+                        fut = ch.send(k, self._transport.send_ptr(fp))
+                        if fut is not None:
+                            fut.add_done_callback(_retrieve)
+            raise
+
+    async def _wait(self, call: Any, what: str, seq: int, fp: bytes | None,
+                    got: dict[int, bytes], answered: set[int]) -> None:
         from . import _shm
 
         start = time.monotonic()
-        answered: set[int] = set()
-        got: dict[int, bytes] = {}
         while True:
             self._check_failed(what)
-            if call.stage == 0:
-                if not self._attach():
-                    pass  # (records wait for every segment)
+            if not call.verified:  # (records wait for every segment)
+                if not self._mapped:
+                    self._attach()
                 if fp is not None:
                     await self._probe(call, what, seq, fp, got, answered)
-            st = call.advance(0 if call.stage == 0 else self._budget_ns // 4)
+            st = call.advance(0 if not call.verified else self._budget_ns // 4)
             if st == _shm.DONE:
                 self._unlink_own()
                 return
@@ -281,6 +312,11 @@ class NodeShm:
             if st != _shm.BLOCKED or (got and all(k in got for k in call.missing())):
                 await self._mismatch(call, st, what, seq, fp, got, answered)
             await asyncio.sleep(_POLL_SLEEP_S if time.monotonic() - start > _BUSY_S else 0)
+
+    def _turn_off(self) -> None:
+        self.off = ("a member of this communicator could not use the node's shared "
+                    "memory: its collectives take the network path from now on")
+        log.warning("rank %d: %s", self.rank, self.off)
 
     def _truncated(self, call: Any, what: str) -> None:
         """(Checks off) a member's message is longer than this rank's buffer: raise as
@@ -333,7 +369,9 @@ class NodeShm:
                 if k not in passed:
                     await self._answer(k, what, seq, fp, answered)
         if st == _shm.ABORTED:
-            _, text = call.aborted()
+            _, text, off = call.aborted()
+            if off:
+                self._turn_off()
             node.ack(call.gen)
             known = {k: f for k, f in enumerate(call.fingerprints()) if f is not None}
             known.update(got)
@@ -357,10 +395,9 @@ class NodeShm:
             bad = CollectiveMismatch(
                 f"collective #{seq} ({what}): rank(s) {sorted(got) or call.passed()} took "
                 "another path for this call", seq=seq)
-        if fingerprint.only_form_differs(full):
-            self.off = ("a member of this communicator could not use the node's shared "
-                        "memory: its collectives take the network path from now on")
-            log.warning("rank %d: %s", self.rank, self.off)
-        node.publish_verdict(call.gen, str(bad).encode("utf-8", "replace"))
+        off = fingerprint.only_form_differs(full)
+        if off:
+            self._turn_off()
+        node.publish_verdict(call.gen, str(bad).encode("utf-8", "replace"), off)
         node.ack(call.gen)
         raise bad

@@ -1,0 +1,236 @@
+"""SPMD cases of the node's shared-memory collective engine (``comm/shm.py``;
+tests/test_shm.py). Run one: ``ucxcomm run -n 3 python tests/spmd/shm_cases.py NAME``;
+each rank prints ``CASE-OK NAME rank R`` when its assertions passed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import numpy as np
+
+import ucxcomm
+from ucxcomm import IN_PLACE
+from ucxcomm.comm import algorithms, shm
+from ucxcomm.testing import Cases
+
+cases = Cases()
+case = cases.case
+
+T = 20.0  # each call's deadline: a hang fails the case instead of hanging it
+
+
+def _engine(comm):
+    """The communicator's engine, which must have served its calls."""
+    sh = comm._shm
+    assert sh is not None and sh._node is not None, "the shared-memory engine was not used"
+    return sh
+
+
+def _listing():
+    return {f"{shm.SHM_DIR}/{name}" for name in os.listdir(shm.SHM_DIR)}
+
+
+def _data(rank, n, dtype, salt=0):
+    k = (np.arange(n, dtype=np.int64) * 7 + rank * 13 + salt) % 5
+    return (k + 1).astype(dtype)
+
+
+@case
+async def every_collective_every_size(comm):
+    """Bcast (every root), Allgather, Alltoall, Allreduce and Reduce_scatter_block just
+    above the small paths up to several rings of slots, with odd counts and in place,
+    checked against numpy; the float sums are bit-identical on every rank."""
+    r, p = comm.rank, comm.size
+    for n in (1025, 8191, 70001, 300_007):
+        for root in range(p):
+            b = _data(root, n, np.float64) if r == root else np.zeros(n)
+            await comm.Bcast(b, root=root, timeout=T)
+            assert np.array_equal(b, _data(root, n, np.float64)), (n, root)
+        blk = n // p + 1
+        out = np.empty(blk * p, np.int32)
+        await comm.Allgather(_data(r, blk, np.int32), out, timeout=T)
+        assert np.array_equal(out, np.concatenate([_data(k, blk, np.int32) for k in range(p)]))
+        out2 = out.copy()
+        out2[r * blk:(r + 1) * blk] = _data(r, blk, np.int32, 1)
+        out2[:r * blk] = 0
+        await comm.Allgather(IN_PLACE, out2, timeout=T)
+        want = [_data(k, blk, np.int32, 1) for k in range(p)]
+        assert np.array_equal(out2, np.concatenate(want))
+        send = np.concatenate([_data(r * p + j, blk, np.int64) for j in range(p)])
+        got = np.empty_like(send)
+        await comm.Alltoall(send, got, timeout=T)
+        assert np.array_equal(got, np.concatenate([_data(k * p + r, blk, np.int64)
+                                                   for k in range(p)]))
+        inplace = send.copy()
+        await comm.Alltoall(IN_PLACE, inplace, timeout=T)
+        assert np.array_equal(inplace, got)
+        x = _data(r, n, np.float64) / 3
+        s = np.empty(n)
+        await comm.Allreduce(x, s, timeout=T)
+        ref = _data(0, n, np.float64) / 3
+        for k in range(1, p):
+            ref = ref + _data(k, n, np.float64) / 3
+        if n * 8 <= algorithms.TUNING["shm_max_Allreduce"]:
+            assert np.array_equal(s, ref), "not the rank-order fold"
+        assert np.allclose(s, ref)
+        every = await comm.allgather(s.tobytes())
+        assert all(e == every[0] for e in every), "Allreduce differs between ranks"
+        y = _data(r, n, np.int64)
+        await comm.Allreduce(IN_PLACE, y, op=ucxcomm.MAX, timeout=T)
+        assert np.array_equal(y, np.max([_data(k, n, np.int64) for k in range(p)], axis=0))
+        h = _data(r, n, np.float16)
+        hp = np.empty_like(h)
+        await comm.Allreduce(h, hp, op=ucxcomm.PROD, timeout=T)  # (numpy's kernel)
+        ref16 = _data(0, n, np.float16)
+        for k in range(1, p):
+            ref16 = ref16 * _data(k, n, np.float16)
+        assert np.array_equal(hp, ref16)
+        rs_in = _data(r, blk * p, np.float32)
+        rs_out = np.empty(blk, np.float32)
+        await comm.Reduce_scatter_block(rs_in, rs_out, timeout=T)
+        full = _data(0, blk * p, np.float32)
+        for k in range(1, p):
+            full = full + _data(k, blk * p, np.float32)
+        assert np.array_equal(rs_out, full[r * blk:(r + 1) * blk])
+        rs_inplace = rs_in.copy()
+        await comm.Reduce_scatter_block(IN_PLACE, rs_inplace, timeout=T)
+        assert np.array_equal(rs_inplace[:blk], rs_out)
+    _engine(comm)
+
+
+@case
+async def names_go_once_mapped(comm):
+    """Every rank's segment is mapped by all and its name unlinked after the first call:
+    a job that dies later leaves nothing under /dev/shm."""
+    b = np.zeros(4096)
+    await comm.Bcast(b, root=0, timeout=T)
+    await comm.barrier(timeout=T)
+    sh = _engine(comm)
+    left = [p for p in sh._paths if p in _listing()]
+    assert not left, left
+
+
+@case
+async def checks_off_runs_ahead(comm):
+    """With the checks off a root runs ahead of its readers by up to a ring of slots and
+    of records; many small Bcasts in a row, then every rank's data is right."""
+    assert not comm._group.check
+    r = comm.rank
+    bufs = [np.full(2048, -1.0) for _ in range(40)]
+    for i, b in enumerate(bufs):
+        if r == 0:
+            b[:] = i
+        await comm.Bcast(b, root=0, timeout=T)
+    assert all((b == i).all() for i, b in enumerate(bufs))
+    _engine(comm)
+
+
+@case
+async def mismatch_across_paths(comm):
+    """A call that takes the engine on some ranks and another path on others (a count on
+    each side of a threshold) raises CollectiveMismatch on every rank, naming both
+    calls, with the receive buffers unwritten; the next matching call works."""
+    r, p = comm.rank, comm.size
+    # Bcast: rank 1 passes 8 KiB (the small path), the others 16 KiB (the engine).
+    n = 1024 if r == 1 else 2048
+    buf = np.full(n, -7.0) if r else np.ones(n)
+    try:
+        await comm.Bcast(buf, root=0, timeout=T)
+    except ucxcomm.CollectiveMismatch as exc:
+        assert "Bcast(float64[1024]" in str(exc) and "Bcast(float64[2048]" in str(exc), exc
+    else:
+        raise AssertionError("no CollectiveMismatch")
+    if r:
+        assert (buf == -7.0).all()
+    # Allreduce: rank 0 above the engine's limit (the ring), the others below it.
+    lim = algorithms.TUNING["shm_max_Allreduce"] // 8
+    m = lim + 8 if r == 0 else lim
+    out = np.full(m, -7.0)
+    try:
+        await comm.Allreduce(np.ones(m), out, timeout=T)
+    except ucxcomm.CollectiveMismatch as exc:
+        assert f"Allreduce(float64[{lim + 8}]" in str(exc), exc
+    else:
+        raise AssertionError("no CollectiveMismatch")
+    assert (out == -7.0).all()
+    ok = np.empty(4096)
+    await comm.Allreduce(np.ones(4096), ok, timeout=T)
+    assert (ok == p).all()
+    _engine(comm)
+
+
+@case
+async def a_rank_without_the_engine(comm):
+    """Rank 1 cannot make its segment (here: its directory does not exist): the first
+    call raises CollectiveMismatch on every rank saying so, then every rank takes the
+    network path and the calls work."""
+    r, p = comm.rank, comm.size
+    if r == 1:
+        shm.SHM_DIR = "/nonexistent-ucxcomm-test"
+    buf = np.full(4096, -7.0) if r else np.arange(4096.0)
+    try:
+        await comm.Bcast(buf, root=0, timeout=T)
+    except ucxcomm.CollectiveMismatch as exc:
+        assert "shared memory" in str(exc), exc
+    else:
+        raise AssertionError("no CollectiveMismatch")
+    for _ in range(3):
+        await comm.Bcast(buf, root=0, timeout=T)
+        assert np.array_equal(buf, np.arange(4096.0))
+        out = np.empty(4096)
+        await comm.Allreduce(np.ones(4096), out, timeout=T)
+        assert (out == p).all()
+    assert comm._shm.off is not None
+
+
+@case
+async def a_dead_member_fails_the_wait(comm):
+    """The last rank dies while the others wait in the engine: they raise PeerFailure."""
+    r, p = comm.rank, comm.size
+    b = np.zeros(8192)
+    await comm.Bcast(b, root=0, timeout=T)  # (the engine is set up)
+    if r == p - 1:
+        print(f"CASE-OK a_dead_member_fails_the_wait rank {r}", flush=True)
+        os._exit(0)  # no close(): the others must find out
+    for attempt in (lambda: comm.Bcast(b, root=p - 1),  # (waits for its record)
+                    lambda: comm.Allgather(np.ones(2048), np.zeros(2048 * p))):
+        try:
+            await asyncio.wait_for(attempt(), T)
+        except ucxcomm.PeerFailure as exc:
+            assert exc.peer == p - 1, exc
+        else:
+            raise AssertionError("no PeerFailure")
+    comm.abort()
+    return "aborted"
+
+
+@case
+async def a_late_root_times_out(comm):
+    """A Bcast whose root never comes raises CommTimeoutError at its deadline and leaves
+    that communicator out of step (refused at the call); point-to-point still works."""
+    sub = await comm.dup()
+    r = comm.rank
+    b = np.zeros(8192)
+    await sub.Bcast(b, root=0, timeout=T)
+    if r != 0:
+        try:
+            await sub.Bcast(b, root=0, timeout=0.3)
+        except ucxcomm.CommTimeoutError:
+            pass
+        else:
+            raise AssertionError("no timeout")
+        try:
+            await sub.Bcast(b, root=0, timeout=T)
+        except ucxcomm.UcxCommError as exc:
+            assert "out of step" in str(exc), exc
+        else:
+            raise AssertionError("an out-of-step communicator took a call")
+        await sub.send("done", 0)
+    else:
+        for q in range(1, comm.size):
+            assert await sub.recv(q) == "done"
+
+
+if __name__ == "__main__":
+    cases.main()

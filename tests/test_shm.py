@@ -1,0 +1,174 @@
+"""The node's shared-memory collective engine (comm/shm.py, comm/_shm.pyx): its protocol
+driven step by step in one process (two or three members over plain memory), then real
+jobs (tests/spmd/shm_cases.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ucxcomm.testing import run_case
+
+SHM_CASES = Path(__file__).resolve().parent / "spmd" / "shm_cases.py"
+
+_shm = pytest.importorskip("ucxcomm.comm._shm")
+
+SLOT, NSLOTS = 4096, 2
+
+
+def _members(p):
+    """``p`` Nodes over plain memory, every one attached to every other's."""
+    total = _shm.DATA_OFFSET + SLOT * NSLOTS
+    mems = [bytearray(total) for _ in range(p)]
+    nodes = [_shm.Node(r, p, SLOT, NSLOTS, mems[r]) for r in range(p)]
+    for a in nodes:
+        for k in range(p):
+            if k != a.rank:
+                assert a.attach(k, mems[k])
+    return nodes, mems
+
+
+def _drive(calls, limit=10_000):
+    """Advance every call in turn (no spinning) until none is blocked."""
+    states = [_shm.BLOCKED] * len(calls)
+    for _ in range(limit):
+        for i, c in enumerate(calls):
+            if states[i] == _shm.BLOCKED:
+                states[i] = c.advance(0)
+        if _shm.BLOCKED not in states:
+            return states
+    raise AssertionError(f"still blocked: {states}")
+
+
+def test_pieces_go_through_a_ring_smaller_than_the_message():
+    """A 3-member Bcast and Allreduce many times the ring's size, calls interleaved one
+    step at a time; then a second call on the same segments (pieces counted over the
+    members' lives)."""
+    nodes, _ = _members(3)
+    n = SLOT * NSLOTS * 5 + 24
+    for gen in (1, 2):
+        data = np.arange(n, dtype=np.uint8) + gen
+        bufs = [data.copy() if r == 1 else np.zeros(n, np.uint8) for r in range(3)]
+        calls = [_shm.Call(nodes[r], gen, "Bcast", b"fp", bufs[r], bufs[r], n, 1, 0, None)
+                 for r in range(3)]
+        assert _drive(calls) == [_shm.DONE] * 3
+        assert all(np.array_equal(b, data) for b in bufs)
+    x = [np.full(n // 8, r + 1.5) for r in range(3)]
+    out = [np.empty(n // 8) for _ in range(3)]
+    calls = [_shm.Call(nodes[r], 3, "Allreduce", b"fp2", x[r], out[r], n // 8 * 8, -1, 2,
+                       None) for r in range(3)]
+    assert _drive(calls) == [_shm.DONE] * 3
+    assert all((o == 1.5 + 2.5 + 3.5).all() for o in out)
+
+
+def test_differing_fingerprints_stop_before_any_write():
+    nodes, _ = _members(2)
+    bufs = [np.arange(8192, dtype=np.uint8), np.zeros(8192, np.uint8)]
+    calls = [_shm.Call(nodes[r], 1, "Bcast", b"fp-%d" % r, bufs[r], bufs[r], 8192, 0, 0,
+                       None) for r in range(2)]
+    assert _drive(calls) == [_shm.MISMATCH] * 2
+    assert not bufs[1].any()
+    assert calls[1].fingerprints() == [b"fp-0", b"fp-1"]
+    # A published verdict reaches a member still waiting for a record.
+    nodes[0].ack(1)
+    nodes[1].ack(1)
+    c0 = _shm.Call(nodes[0], 2, "Bcast", b"same", bufs[0], bufs[0], 8192, 0, 0, None)
+    assert c0.advance(0) == _shm.BLOCKED
+    nodes[0].publish_verdict(2, b"rank 0 saw a member on another path")
+    c1 = _shm.Call(nodes[1], 2, "Bcast", b"same", bufs[1], bufs[1], 8192, 0, 0, None)
+    assert c1.advance(0) == _shm.ABORTED
+    assert c1.aborted() == (0, "rank 0 saw a member on another path", False)
+    assert not bufs[1].any()
+
+
+def test_a_member_that_passed_the_call_is_a_mismatch():
+    """A member whose acknowledgements are past this call never wrote its record: it
+    took another path (found at once, not waited for)."""
+    nodes, _ = _members(2)
+    buf = np.zeros(8192, np.uint8)
+    nodes[0].ack(5)
+    call = _shm.Call(nodes[1], 3, "Bcast", b"fp", buf, buf, 8192, 0, 0, None)
+    assert call.advance(0) == _shm.MISMATCH
+    assert call.passed() == [0]
+
+
+def test_checks_off_a_longer_message_is_truncation_and_bounded():
+    """Checks off: a writer's record saying more bytes than this rank's buffer is
+    refused (TRUNCATED), never copied past the buffer; fewer bytes complete."""
+    nodes, _ = _members(2)
+    big, small = np.ones(9000, np.uint8), np.zeros(8192, np.uint8)
+    root = _shm.Call(nodes[0], 1, "Bcast", None, big, big, 9000, 0, 0, None)
+    other = _shm.Call(nodes[1], 1, "Bcast", None, small, small, 8192, 0, 0, None)
+    assert _drive([root, other]) == [_shm.DONE, _shm.TRUNCATED]
+    assert not small.any()
+
+
+def test_a_hostile_record_cannot_make_a_reader_overrun():
+    """A record claiming a huge piece count only makes the reader take part in empty
+    steps: its copies stop at its own buffer (and it waits, bounded by its caller)."""
+    nodes, mems = _members(2)
+    buf = np.zeros(8192, np.uint8)
+    root = _shm.Call(nodes[0], 1, "Bcast", None, np.ones(8192, np.uint8),
+                     np.ones(8192, np.uint8), 8192, 0, 0, None)
+    assert root.advance(0) == _shm.DONE
+    rec = _shm.DATA_OFFSET - 4 * 2048 + (1 % 4) * 2048  # member 0's record of gen 1
+    np.frombuffer(mems[0], np.uint64)[(rec + 8) // 8] = 1 << 62  # its piece count
+    reader = _shm.Call(nodes[1], 1, "Bcast", None, buf, buf, 8192, 0, 0, None)
+    assert reader.advance(0) == _shm.BLOCKED  # (waits for pieces that never come)
+    assert buf.all() and len(buf) == 8192
+
+
+def test_a_segment_of_another_geometry_is_not_attached():
+    total = _shm.DATA_OFFSET + SLOT * NSLOTS
+    own = bytearray(total)
+    node = _shm.Node(0, 2, SLOT, NSLOTS, own)
+    other = bytearray(total)
+    assert not node.attach(1, other)  # (no magic: its creator has not finished it)
+    wrong = bytearray(_shm.DATA_OFFSET + SLOT * (NSLOTS + 1))
+    _shm.Node(1, 2, SLOT, NSLOTS + 1, wrong)
+    assert not node.attach(1, wrong)  # (another ring)
+    short = bytearray(100)
+    assert not node.attach(1, short)
+    with pytest.raises(ValueError):
+        _shm.Node(0, 2, 100, NSLOTS, own)
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_every_collective_every_size(nranks):
+    run_case(SHM_CASES, "every_collective_every_size", nranks)
+
+
+def test_small_slots_wrap_the_ring_many_times():
+    run_case(SHM_CASES, "every_collective_every_size", 3,
+             env={"UCXCOMM_SHM_SLOT": "4096", "UCXCOMM_SHM_SLOTS": "2"})
+
+
+def test_segment_names_are_unlinked_after_the_first_call():
+    run_case(SHM_CASES, "names_go_once_mapped", 3)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_checks_off_root_runs_ahead(nranks):
+    run_case(SHM_CASES, "checks_off_runs_ahead", nranks,
+             env={"UCXCOMM_CHECK_COLLECTIVES": "0"})
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_mismatch_across_paths(nranks):
+    run_case(SHM_CASES, "mismatch_across_paths", nranks)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_rank_without_the_engine(nranks):
+    run_case(SHM_CASES, "a_rank_without_the_engine", nranks)
+
+
+def test_a_dead_member_fails_the_wait():
+    proc = run_case(SHM_CASES, "a_dead_member_fails_the_wait", 3)
+    assert "CASE-OK a_dead_member_fails_the_wait rank 0" in proc.stdout
+
+
+def test_a_late_root_times_out():
+    run_case(SHM_CASES, "a_late_root_times_out", 2)
