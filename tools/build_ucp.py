@@ -68,6 +68,7 @@ def extensions() -> list[Any]:
     )
     fast = Extension("ucxcomm.comm._fast", ["ucxcomm/comm/_fast.pyx"],
                      extra_compile_args=["-O2"])
-    shm = Extension("ucxcomm.comm._shm", ["ucxcomm/comm/_shm.pyx"], extra_compile_args=["-O2"])
+    # -O3: the reduction loops vectorize
+    shm = Extension("ucxcomm.comm._shm", ["ucxcomm/comm/_shm.pyx"], extra_compile_args=["-O3"])
     # include_path: where `cimport ucxcomm.transport._ucp` finds the .pxd
     return cythonize([ext, fast, shm], language_level=3, quiet=True, include_path=["."])

@@ -49,6 +49,20 @@ cdef extern from *:
 cdef extern from "<sched.h>":
     int sched_yield() nogil
 
+cdef extern from "<unistd.h>":
+    int getpid() nogil
+
+cdef extern from "<sys/uio.h>":
+    struct iovec:
+        void *iov_base
+        size_t iov_len
+    ssize_t process_vm_readv(int pid, const iovec *local, unsigned long liovcnt,
+                             const iovec *remote, unsigned long riovcnt,
+                             unsigned long flags) nogil
+
+cdef extern from "<errno.h>":
+    int errno
+
 import numpy as np
 
 # ------------------------------------------------------------------ segment layout
@@ -64,7 +78,12 @@ cdef enum:
     OFF_ACKED = 64       # every record of a generation <= this is done with here
     OFF_WRITTEN = 128    # pieces this rank has written
     OFF_MAPPED = 192     # 1 once this rank has mapped every member's segment
-    OFF_CONSUMED = 1024  # + 64 k: pieces of member k this rank has consumed (64 words)
+    OFF_PID = 256        # this rank's process id
+    OFF_SELF = 320       # where this rank maps its own segment (its virtual address)
+    OFF_DIRECT = 384     # 1: this rank can read every member's memory (CMA); 2: cannot
+    OFF_CONSUMED = 1024  # + 64 k: pieces of member k this rank has consumed (32 words)
+    OFF_DDONE = 3072     # + 64 k: the last call whose data this rank read from member
+                         # k's own buffer (single-copy mode; 32 words)
     OFF_RECS = 8192
     NREC = 4
     REC_BYTES = 2048
@@ -74,14 +93,16 @@ cdef enum:
     REC_BASE = 40        # its first piece's number
     REC_NBYTES = 48      # the bytes of its call (n)
     REC_OFF = 56         # with a verdict: 1 when every member stops using the engine
+    REC_DIRECT = 64      # 1: the rank asks for single-copy mode (and can read others)
+    REC_ADDR = 72        # single-copy mode: where its data is, in its address space
     REC_ABORT = 24       # generation whose verdict follows (written after the text)
     REC_TEXTLEN = 32
-    REC_FP = 64
+    REC_FP = 128
     FP_MAX = 896
     REC_TEXT = 1024
     TEXT_MAX = 1024
     OFF_DATA = 16384
-    MAXP = 64
+    MAXP = 32
 
 #: Bytes of a segment's header and record ring (the data slots follow).
 DATA_OFFSET = OFF_DATA
@@ -166,7 +187,7 @@ cdef class Node:
         self.views = NULL
 
     def __init__(self, int rank, int size, Py_ssize_t slot, int nslots, object own):
-        if not (0 <= rank < size <= 64) or slot < 4096 or slot % 64 or nslots < 2:
+        if not (0 <= rank < size <= MAXP) or slot < 4096 or slot % 64 or nslots < 2:
             raise ValueError("shared-memory engine: bad geometry")
         self.rank, self.size, self.slot, self.nslots = rank, size, slot, nslots
         self.bases = <char **>PyMem_Malloc(size * sizeof(char *))
@@ -183,6 +204,8 @@ cdef class Node:
         word(b, OFF_SIZE)[0] = size
         word(b, OFF_SLOT)[0] = slot
         word(b, OFF_NSLOTS)[0] = nslots
+        word(b, OFF_PID)[0] = getpid()
+        word(b, OFF_SELF)[0] = <uint64_t><size_t>b
         st(<unsigned long long *>word(b, OFF_MAGIC), C_MAGIC)
 
     cdef _hold(self, int k, object mem, bint writable):
@@ -221,6 +244,32 @@ cdef class Node:
 
     def attached(self, int k):
         return self.bases[k] != NULL
+
+    def probe_direct(self):
+        """Whether this rank can read every member's memory with ``process_vm_readv``
+        (CMA: ptrace permission; Docker's default seccomp profile or
+        ``kernel.yama.ptrace_scope`` may forbid it): each member's magic read through
+        its own mapping's address. Published for the members (every segment mapped
+        first); single-copy mode needs every member's yes."""
+        cdef uint64_t got
+        cdef iovec local, remote
+        cdef bint ok = True
+        cdef char *b
+        for k in range(self.size):
+            b = self.bases[k]
+            if k == self.rank or b == NULL:
+                ok = ok and b != NULL
+                continue
+            got = 0
+            local.iov_base = &got
+            local.iov_len = 8
+            remote.iov_base = <void *><size_t>(word(b, OFF_SELF)[0] + OFF_MAGIC)
+            remote.iov_len = 8
+            if process_vm_readv(<int>word(b, OFF_PID)[0], &local, 1, &remote, 1, 0) != 8 \
+                    or got != C_MAGIC:
+                ok = False
+        st(<unsigned long long *>word(self.bases[self.rank], OFF_DIRECT), 1 if ok else 2)
+        return ok
 
     def everyone_mapped(self):
         """Whether every member has mapped every segment (names can go)."""
@@ -303,7 +352,8 @@ cdef class Call:
     cdef int kind, root, kernel, fold_kinds, writes
     cdef readonly int stage          # 0: record not written, 1: under way, 2: done
     cdef readonly bint verified
-    cdef bint differ, truncated
+    cdef bint differ, truncated, want_direct, direct, deferred
+    cdef uint64_t dmask
     cdef uint64_t mine_steps, tw, tr, base, have_rec, need_rec, full_mask, writers
     cdef uint64_t kbase[MAXP]
     cdef uint64_t ksteps[MAXP]
@@ -316,12 +366,16 @@ cdef class Call:
     cdef bint check
 
     def __init__(self, Node node, uint64_t gen, str kind, object fp, object send,
-                 object recv, Py_ssize_t n, int root, int kernel, object ufunc):
+                 object recv, Py_ssize_t n, int root, int kernel, object ufunc,
+                 bint direct=False):
         """``fp``: this rank's fingerprint (None: checks off); ``send``/``recv``:
         C-contiguous numpy arrays of one dtype; ``n``: bytes (Bcast, Allreduce: the
         whole buffer; Allgather, Alltoall, Reduce_scatter_block: one rank's block);
-        ``kernel``: the compiled SUM kernel (0: fold with ``ufunc``). Acknowledges every
-        record before ``gen`` (this rank is past those calls)."""
+        ``kernel``: the compiled SUM kernel (0: fold with ``ufunc``); ``direct``: ask
+        for single-copy mode (Bcast, Allgather, Alltoall: each reader copies straight
+        out of the writer's buffer with ``process_vm_readv``, and the writer returns
+        once every reader is done; taken when every member asks and can). Acknowledges
+        every record before ``gen`` (this rank is past those calls)."""
         cdef int p = node.size, r = node.rank, k
         self.check = fp is not None
         self.fp = fp if self.check else b""
@@ -361,6 +415,13 @@ cdef class Call:
             self.need_rec = self.writers if r != root else <uint64_t>0
         else:
             self.need_rec = self.full_mask
+        self.want_direct = direct and not self.fold_kinds and ld(
+            <unsigned long long *>word(node.bases[r], OFF_DIRECT)) == 1
+        if self.want_direct:
+            self.need_rec = self.full_mask  # (the mode is every member's choice)
+        self.deferred = self.want_direct  # (no pieces before the mode is known)
+        self.direct = False
+        self.dmask = 0
         self.need_rec &= ~(<uint64_t>1 << r)
         self.have_rec = 0
         self.seg_arrs = None
@@ -458,6 +519,8 @@ cdef class Call:
         word(rec, REC_STEPS)[0] = self.mine_steps
         word(rec, REC_BASE)[0] = self.base
         word(rec, REC_NBYTES)[0] = self.n
+        word(rec, REC_DIRECT)[0] = self.want_direct
+        word(rec, REC_ADDR)[0] = <uint64_t><size_t>(self.recv if self.kind == K_BCAST else self.send)
         st(<unsigned long long *>word(rec, REC_GEN), self.gen)
         return True
 
@@ -469,6 +532,8 @@ cdef class Call:
         cdef char *slot
         cdef uint64_t s, need
         cdef Py_ssize_t off, ln
+        if self.deferred:
+            return
         while self.tw < self.mine_steps:
             s = self.base + self.tw
             if s >= <uint64_t>node.nslots:
@@ -545,6 +610,19 @@ cdef class Call:
         if self.writes:
             self.kbase[r] = self.base
             self.ksteps[r] = self.mine_steps
+        if self.want_direct:
+            self.direct = True
+            for k in range(p):
+                if k != r and not word(node.bases[k] + OFF_RECS + (self.gen % NREC) * REC_BYTES,
+                                       REC_DIRECT)[0]:
+                    self.direct = False
+            self.deferred = False
+            if self.direct:
+                self.mine_steps = 0
+                for k in range(p):
+                    self.ksteps[k] = 0
+            else:
+                self._write()
         self.verified = True
         if not self.truncated:
             self._begin()
@@ -578,6 +656,8 @@ cdef class Call:
         cdef bint blocked = False
         if self.fold_kinds:
             return self._fold_all()
+        if self.direct:
+            return self._direct()
         for k in range(p):
             if k == r or not ((self.writers >> k) & 1):
                 continue
@@ -600,6 +680,63 @@ cdef class Call:
                 self.ktr[k] = t + 1
                 st(<unsigned long long *>word(mine, OFF_CONSUMED + 64 * k), s + 1)
         return BLOCKED if blocked else DONE
+
+    cdef int _direct(self) except -1:
+        """Single-copy mode: read every writer's data straight out of its buffer, then
+        wait until every reader of this rank's buffer is done with it."""
+        cdef Node node = self.node
+        cdef int k, p = node.size, r = node.rank
+        cdef char *rec
+        cdef char *mine = node.bases[r]
+        cdef uint64_t addr, theirs_n, off
+        cdef Py_ssize_t ln
+        cdef char *dst
+        for k in range(p):
+            if k == r or not ((self.writers >> k) & 1) or (self.dmask >> k) & 1:
+                continue
+            rec = node.bases[k] + OFF_RECS + (self.gen % NREC) * REC_BYTES
+            addr = word(rec, REC_ADDR)[0]
+            theirs_n = word(rec, REC_NBYTES)[0]  # (their block; bounds every read)
+            off = 0
+            ln = self.n
+            dst = self.recv
+            if self.kind == K_ALLGATHER:
+                dst = self.recv + k * self.n
+            elif self.kind == K_ALLTOALL:
+                dst = self.recv + k * self.n
+                off = <uint64_t>r * theirs_n
+            if <uint64_t>ln > theirs_n:
+                ln = theirs_n
+            if not self.truncated and ln > 0:
+                self._cma(<int>word(node.bases[k], OFF_PID)[0], dst, addr + off, ln, k)
+            self.dmask |= <uint64_t>1 << k
+            st(<unsigned long long *>word(mine, OFF_DDONE + 64 * k), self.gen)
+        if self.writes:  # (this rank's buffer stays as it is until its readers are done)
+            for k in range(p):
+                if k != r and ld(<unsigned long long *>word(node.bases[k], OFF_DDONE + 64 * r)) < self.gen:
+                    return BLOCKED
+        return DONE
+
+    cdef int _cma(self, int pid, char *dst, uint64_t addr, Py_ssize_t ln, int k) except -1:
+        cdef iovec local, remote
+        cdef ssize_t got
+        cdef int err = 0
+        with nogil:
+            while ln > 0:
+                local.iov_base = dst
+                local.iov_len = ln
+                remote.iov_base = <void *><size_t>addr
+                remote.iov_len = ln
+                got = process_vm_readv(pid, &local, 1, &remote, 1, 0)
+                if got <= 0:
+                    err = errno if got < 0 else 5
+                    break
+                dst += got
+                addr += got
+                ln -= got
+        if err:
+            raise OSError(err, f"reading member {k}'s buffer (process_vm_readv)")
+        return 0
 
     cdef int _fold_all(self) except -1:
         """Fold every member's piece of each step into the output, in rank order (the

@@ -44,10 +44,13 @@ TUNING = {
     # from the small paths' SMALL_MAX up; above, UCX's single-copy rendezvous (CMA)
     # wins (measured at 2 ranks, docs/benchmarks.md).
     "shm_max_Bcast": 1 << 62,
-    "shm_max_Allreduce": 512 << 10,
-    "shm_max_Allgather": 128 << 10,
-    "shm_max_Alltoall": 64 << 10,
-    "shm_max_Reduce_scatter_block": 128 << 10,
+    "shm_max_Allreduce": 4 << 20,
+    "shm_max_Allgather": 1 << 62,
+    "shm_max_Alltoall": 1 << 62,
+    "shm_max_Reduce_scatter_block": 1 << 62,
+    # from here (bytes per message) Bcast, Allgather and Alltoall read straight out of
+    # the writer's buffer (process_vm_readv) where every member can
+    "shm_direct_min": 32 << 10,
 }
 
 

@@ -330,7 +330,8 @@ class Collectives:
 
             kernel = _fast.native_kernel(op, recv.dtype)[0]
         self._check_open()
-        return sh.start(what, self._next_seq(), fp, send, recv, n, root, kernel, ufunc)
+        return sh.start(what, self._next_seq(), fp, send, recv, n, root, kernel, ufunc,
+                        nbytes >= alg.TUNING["shm_direct_min"])
 
     def _chan(self, what: str, *bufs: Buf | None, fp: bytes | None = None) -> Chan:
         """A fresh collective channel (takes the next sequence number: call only once

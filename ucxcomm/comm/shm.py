@@ -205,8 +205,10 @@ class NodeShm:
                 mem.close()
                 done = False
         self._mapped = done
-        if done and self._own_path is not None:
-            self._unlink_own()
+        if done:
+            node.probe_direct()
+            if self._own_path is not None:
+                self._unlink_own()
         return done
 
     def close(self) -> None:
@@ -232,13 +234,15 @@ class NodeShm:
         return self.off is None and (self._node is not None or self._setup())
 
     def start(self, what: str, seq: int, fp: bytes | None, send: Any, recv: Any, n: int,
-              root: int = -1, kernel: int = 0, ufunc: Any = None) -> Awaitable[None]:
+              root: int = -1, kernel: int = 0, ufunc: Any = None, direct: bool = False
+              ) -> Awaitable[None]:
         """Start collective ``what`` (arguments checked, sequence number ``seq`` taken)
         here: DONE when it finished in the call, else an awaitable for the rest, once
         :meth:`ready` was True."""
         g = self._group
         gen = ((g.seq_wraps - (seq == TAG_UB)) << TAG_BITS | seq) + 1
-        call = self._Call(self._node, gen, what, fp, send, recv, n, root, kernel, ufunc)
+        call = self._Call(self._node, gen, what, fp, send, recv, n, root, kernel, ufunc,
+                          direct)
         if not self._mapped:
             self._attach()
         st = call.advance(self._budget_ns)
