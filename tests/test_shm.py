@@ -63,6 +63,34 @@ def test_pieces_go_through_a_ring_smaller_than_the_message():
     assert all((o == 1.5 + 2.5 + 3.5).all() for o in out)
 
 
+def test_single_copy_mode_reads_the_writers_buffers():
+    """Members that can read each other's memory (here: one process, so
+    process_vm_readv reads our own) and ask for it copy straight out of the writer's
+    buffer: no piece goes through the slots; the writer returns once its readers are
+    done. One member that cannot (refuse_direct) sends everyone through the slots."""
+    nodes, _ = _members(3)
+    for node in nodes:
+        assert node.probe_direct() and node.direct_ok()
+    n = SLOT * NSLOTS * 3 + 8
+    blk = [np.arange(n, dtype=np.uint8) + 7 * r for r in range(3)]
+    out = [np.zeros(3 * n, np.uint8) for _ in range(3)]
+    calls = [_shm.Call(nodes[r], 1, "Allgather", b"fp", blk[r], out[r], n, -1, 0, None,
+                       True) for r in range(3)]
+    assert _drive(calls) == [_shm.DONE] * 3
+    assert all(np.array_equal(o, np.concatenate(blk)) for o in out)
+    assert [node.pieces for node in nodes] == [0, 0, 0]  # (nothing through the slots)
+    send = [np.arange(3 * n, dtype=np.uint8) + r for r in range(3)]
+    got = [np.zeros(3 * n, np.uint8) for _ in range(3)]
+    nodes[2].refuse_direct()
+    calls = [_shm.Call(nodes[r], 2, "Alltoall", b"fp2", send[r], got[r], n, -1, 0, None,
+                       True) for r in range(3)]
+    assert _drive(calls) == [_shm.DONE] * 3
+    for r in range(3):
+        want = np.concatenate([send[k][r * n:(r + 1) * n] for k in range(3)])
+        assert np.array_equal(got[r], want)
+    assert all(node.pieces > 0 for node in nodes)  # (the slots this time)
+
+
 def test_differing_fingerprints_stop_before_any_write():
     nodes, _ = _members(2)
     bufs = [np.arange(8192, dtype=np.uint8), np.zeros(8192, np.uint8)]
@@ -143,6 +171,11 @@ def test_every_collective_every_size(nranks):
 def test_small_slots_wrap_the_ring_many_times():
     run_case(SHM_CASES, "every_collective_every_size", 3,
              env={"UCXCOMM_SHM_SLOT": "4096", "UCXCOMM_SHM_SLOTS": "2"})
+
+
+def test_single_copy_mode_is_used_and_can_be_refused():
+    run_case(SHM_CASES, "single_copy_mode", 3)
+    run_case(SHM_CASES, "single_copy_mode", 3, env={"UCXCOMM_SHM_DIRECT": "no"})
 
 
 def test_segment_names_are_unlinked_after_the_first_call():

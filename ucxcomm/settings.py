@@ -173,6 +173,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "collectives of a communicator whose ranks share one host use the node's "
             "shared-memory engine for mid-size host buffers (comm/shm.py); must be the "
             "same on every rank"),
+    Setting("UCXCOMM_SHM_DIRECT", _yes_no, True,
+            "the shared-memory engine's single-copy mode: readers copy straight out of "
+            "the writer's buffer (process_vm_readv, where ptrace permission allows it); "
+            "no: every byte goes through the segments"),
     Setting("UCXCOMM_SHM_SLOT", _shm_slot, 131072,
             "bytes of one slot of the shared-memory engine's ring (4096-16777216, a "
             "multiple of 4096; the same on every rank)"),

@@ -100,6 +100,37 @@ async def every_collective_every_size(comm):
 
 
 @case
+async def single_copy_mode(comm):
+    """Large Bcast, Allgather and Alltoall read straight out of the writers' buffers
+    (no piece through the segments) unless UCXCOMM_SHM_DIRECT=no; the data is right
+    either way, and a writer's buffer may be reused at once after its call."""
+    r, p = comm.rank, comm.size
+    on = os.environ.get("UCXCOMM_SHM_DIRECT", "yes") != "no"
+    await comm.Bcast(np.zeros(2048), root=0, timeout=T)  # (maps the segments: probed)
+    before = _engine(comm)._node.pieces
+    n = 1 << 18
+    for root in range(p):
+        b = _data(root, n, np.float64) if r == root else np.zeros(n)
+        await comm.Bcast(b, root=root, timeout=T)
+        assert np.array_equal(b, _data(root, n, np.float64))
+        if r == root:
+            b[:] = -1  # (every reader is done with it)
+    mine = _data(r, n, np.int32)
+    out = np.empty(n * p, np.int32)
+    await comm.Allgather(mine, out, timeout=T)
+    mine[:] = -1
+    assert np.array_equal(out, np.concatenate([_data(k, n, np.int32) for k in range(p)]))
+    send = _data(r, n * p, np.int16)
+    got = np.empty_like(send)
+    await comm.Alltoall(send, got, timeout=T)
+    want = np.concatenate([_data(k, n * p, np.int16)[r * n:(r + 1) * n] for k in range(p)])
+    assert np.array_equal(got, want)
+    sh = _engine(comm)
+    assert sh._node.direct_ok() is on
+    assert (sh._node.pieces == before) is on, (before, sh._node.pieces)
+
+
+@case
 async def names_go_once_mapped(comm):
     """Every rank's segment is mapped by all and its name unlinked after the first call:
     a job that dies later leaves nothing under /dev/shm."""

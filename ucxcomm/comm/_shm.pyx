@@ -271,6 +271,14 @@ cdef class Node:
         st(<unsigned long long *>word(self.bases[self.rank], OFF_DIRECT), 1 if ok else 2)
         return ok
 
+    def refuse_direct(self):
+        """This rank takes no single-copy call (``UCXCOMM_SHM_DIRECT=no``)."""
+        st(<unsigned long long *>word(self.bases[self.rank], OFF_DIRECT), 2)
+
+    def direct_ok(self):
+        """Whether this rank found it can read every member's memory."""
+        return ld(<unsigned long long *>word(self.bases[self.rank], OFF_DIRECT)) == 1
+
     def everyone_mapped(self):
         """Whether every member has mapped every segment (names can go)."""
         for k in range(self.size):
@@ -514,6 +522,10 @@ cdef class Call:
             if node.bases[k] == NULL or ld(<unsigned long long *>word(node.bases[k], OFF_ACKED)) < old:
                 return False
         self.base = node.pieces
+        # Its own pieces before this call are folded or abandoned (a call that stopped
+        # at a mismatch): counted consumed, or its ring would wait for them forever.
+        st(<unsigned long long *>word(node.bases[node.rank], OFF_CONSUMED + 64 * node.rank),
+           self.base)
         memcpy(rec + REC_FP, <char *>self.fp, len(self.fp))
         word(rec, REC_FPLEN)[0] = len(self.fp)
         word(rec, REC_STEPS)[0] = self.mine_steps

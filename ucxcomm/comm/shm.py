@@ -108,6 +108,7 @@ class NodeShm:
         self._node: Any = None
         self._Call: Any = None
         self._mapped = False  # every member's segment is mapped here
+        self._direct = bool(settings.get("UCXCOMM_SHM_DIRECT"))
         self._maps: list[mmap.mmap | None] = [None] * self.size
         self._own_path: str | None = None  # still linked
         self._finalizer: Any = None
@@ -206,7 +207,10 @@ class NodeShm:
                 done = False
         self._mapped = done
         if done:
-            node.probe_direct()
+            if self._direct:
+                node.probe_direct()
+            else:
+                node.refuse_direct()
             if self._own_path is not None:
                 self._unlink_own()
         return done
