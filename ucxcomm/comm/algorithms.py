@@ -51,6 +51,10 @@ TUNING = {
     # from here (bytes per message) Bcast, Allgather and Alltoall read straight out of
     # the writer's buffer (process_vm_readv) where every member can
     "shm_direct_min": 32 << 10,
+    # ranks outnumber cores (spinners yield): reductions above this take the ring (the
+    # engine's steps in lockstep cost a context switch each: Reduce_scatter_block 64 MiB
+    # at 4 ranks on 2 cores took 3.5x MPICH's time)
+    "shm_max_fold_crowded": 1 << 20,
 }
 
 

@@ -313,6 +313,8 @@ class Collectives:
         if sh is _UNMADE:
             sh = self._shm = NodeShm(self._group) if NodeShm.usable(self._group) else None
         if (sh is None or not SMALL_MAX < nbytes <= alg.TUNING[sh.limits[what]]
+                or (op is not None and sh.crowded
+                    and nbytes > alg.TUNING["shm_max_fold_crowded"])
                 or not sh.ready()):
             return None
         fp = None

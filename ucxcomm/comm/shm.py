@@ -10,6 +10,9 @@ that every member maps, and every member reads (or folds, in rank order) the pie
 needs straight out of the others' segments, pipelined through a ring of slots
 (``comm/_shm.pyx`` describes the protocol). A broadcast is written once and read by
 every other rank in parallel; nothing is registered, pinned or handshaken per call.
+From ``TUNING["shm_direct_min"]`` bytes a message, Bcast, Allgather and Alltoall take
+single-copy mode where every member can (``UCXCOMM_SHM_DIRECT``): readers copy straight
+out of the writer's own buffer with ``process_vm_readv``.
 ``UCXCOMM_SHM=no`` turns it off (it must be the same on every rank).
 
 **Segments.** Made on a communicator's first call that uses them, as files under
@@ -121,6 +124,8 @@ class NodeShm:
         spin_s, spin_yield = self._transport.spin_policy()
         self._budget_ns = int(spin_s * 1e9)
         self._yield = spin_yield
+        #: Ranks outnumber cores here (spinners yield: ``UCXCOMM_SPIN_YIELD``).
+        self.crowded = spin_yield
 
     @staticmethod
     def usable(group: Group) -> bool:
