@@ -71,8 +71,10 @@ async def every_collective_every_size(comm):
         ref = _data(0, n, np.float64) / 3
         for k in range(1, p):
             ref = ref + _data(k, n, np.float64) / 3
-        if n * 8 <= algorithms.TUNING["shm_max_Allreduce"]:
-            assert np.array_equal(s, ref), "not the rank-order fold"
+        tuning = algorithms.TUNING
+        if n * 8 <= tuning["shm_max_Allreduce"] and (
+                not comm._shm.crowded or n * 8 <= tuning["shm_max_fold_crowded"]):
+            assert np.array_equal(s, ref), "not the rank-order fold"  # (the engine's)
         assert np.allclose(s, ref)
         every = await comm.allgather(s.tobytes())
         assert all(e == every[0] for e in every), "Allreduce differs between ranks"
