@@ -15,7 +15,8 @@ fi
 stamp="$VENV/.ucxcomm-installed"
 newer=$(find "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/tools" "$ROOT/csrc" \
         "$ROOT/ucxcomm/transport/_ucp.pyx" "$ROOT/ucxcomm/transport/_ucp.pxd" \
-        "$ROOT/ucxcomm/comm/_fast.pyx" "$ROOT/ucxcomm/comm/_shm.pyx" -newer "$stamp" \
+        "$ROOT/ucxcomm/comm/_fast.pyx" "$ROOT/ucxcomm/comm/_shm.pyx" \
+        "$ROOT/ucxcomm/comm/_kernels.pxd" -newer "$stamp" \
         2>/dev/null | head -1 || true)
 if [ ! -f "$stamp" ] || [ -n "$newer" ] || \
    ! compgen -G "$ROOT/ucxcomm/transport/_ucp*.so" > /dev/null || \

@@ -201,12 +201,19 @@ _PYIMPORT = re.compile(r"^\s*(?:from\s+(\S+)\s+import\s|import\s+(\S+))", re.M)
 def test_compiled_modules_keep_the_layers():
     """The communicator's compiled module uses the engine only through its declarations
     (``cimport`` of ``ucxcomm.transport._ucp``: the .pxd), never a Python import of the
-    transport, and the engine imports nothing above the transport."""
+    transport; the shared-memory engine uses nothing of it; and the engine imports
+    nothing above the transport."""
     fast = (PKG / "comm" / "_fast.pyx").read_text()
     cimports = {a or b for a, b in _CIMPORT.findall(fast)}
     pyimports = {a or b for a, b in _PYIMPORT.findall(fast)} - cimports
-    assert {c for c in cimports if c.startswith("ucxcomm")} == {"ucxcomm.transport._ucp"}
+    assert {c for c in cimports if c.startswith("ucxcomm")} == {"ucxcomm.transport._ucp",
+                                                                "ucxcomm.comm._kernels"}
     assert not {i for i in pyimports if "transport" in i or i.startswith("ucxx")}, pyimports
+    # The shared-memory engine: plain C over mapped memory, nothing of the transport.
+    shm = (PKG / "comm" / "_shm.pyx").read_text()
+    used = {a or b for a, b in _CIMPORT.findall(shm) + _PYIMPORT.findall(shm)}
+    assert {c for c in used if c.startswith("ucxcomm")} == {"ucxcomm.comm._kernels"}, used
+    assert not {i for i in used if "transport" in i or i.startswith("ucxx")}, used
     engine = (PKG / "transport" / "_ucp.pyx").read_text()
     above = {a or b for a, b in _PYIMPORT.findall(engine) + _CIMPORT.findall(engine)}
     assert not {i for i in above if i.lstrip(".").startswith(("comm", "pipes", "launch"))

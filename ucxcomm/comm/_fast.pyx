@@ -32,6 +32,7 @@ from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 cdef extern from "<time.h>":
     enum: CLOCK_REALTIME_COARSE
 
+from ucxcomm.comm._kernels cimport sum_into
 from ucxcomm.transport._ucp cimport BufRef, EpSend, Finish, Op, TagEngine, ptr_op
 
 import numpy as np
@@ -95,42 +96,24 @@ def native_kernel(op, dtype):
     return _NATIVE_SUM.get((dtype.kind, dtype.itemsize), 0), dtype.itemsize
 
 
-cdef void _sum(int kind, const char *a, const char *b, char *out,
-               Py_ssize_t nbytes) noexcept nogil:
-    """``out = a + b`` element-wise with kernel ``kind``. Integers wrap like numpy's."""
-    cdef Py_ssize_t i
-    if kind == 1:
-        for i in range(nbytes // 4):
-            (<float *>out)[i] = (<const float *>a)[i] + (<const float *>b)[i]
-    elif kind == 2:
-        for i in range(nbytes // 8):
-            (<double *>out)[i] = (<const double *>a)[i] + (<const double *>b)[i]
-    elif kind == 3:
-        for i in range(nbytes // 4):
-            (<uint32_t *>out)[i] = (<const uint32_t *>a)[i] + (<const uint32_t *>b)[i]
-    elif kind == 4:
-        for i in range(nbytes // 8):
-            (<uint64_t *>out)[i] = (<const uint64_t *>a)[i] + (<const uint64_t *>b)[i]
-
-
 cdef void _sum_rows(int kind, const char *rows, int size, Py_ssize_t nbytes,
                     char *out) noexcept nogil:
     """``out = ((row 0 + row 1) + row 2) + ...``: the rows (``nbytes`` each, one per rank,
     back to back) folded from the left, the order of ``SmallCollectives.allreduce``
     (the same on every rank: bit-identical results)."""
     cdef int k
-    _sum(kind, rows, rows + nbytes, out, nbytes)
+    sum_into(kind, rows, rows + nbytes, out, nbytes)
     for k in range(2, size):
-        _sum(kind, out, rows + k * nbytes, out, nbytes)
+        sum_into(kind, out, rows + k * nbytes, out, nbytes)
 
 
 cdef void _sum_strided(int kind, const char *rows, Py_ssize_t stride, int size,
                        Py_ssize_t nbytes, char *out) noexcept nogil:
     """``_sum_rows`` over rows ``stride`` bytes apart (the checked exchange's scratch)."""
     cdef int k
-    _sum(kind, rows, rows + stride, out, nbytes)
+    sum_into(kind, rows, rows + stride, out, nbytes)
     for k in range(2, size):
-        _sum(kind, out, rows + k * stride, out, nbytes)
+        sum_into(kind, out, rows + k * stride, out, nbytes)
 
 
 # ====================================================================== fingerprints

@@ -34,6 +34,8 @@ from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
+from ucxcomm.comm._kernels cimport sum_into
+
 cdef extern from *:
     """
     static inline unsigned long long ucxcomm_shm_ld(const unsigned long long *p) {
@@ -148,25 +150,6 @@ cdef inline int64_t now_ns() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
-
-
-cdef void _sum(int kind, const char *a, const char *b, char *out,
-               Py_ssize_t nbytes) noexcept nogil:
-    """``out = a + b`` (SUM; 1: float32, 2: float64, 3: 32-bit ints, 4: 64-bit ints,
-    wrapping like numpy's)."""
-    cdef Py_ssize_t i
-    if kind == 1:
-        for i in range(nbytes // 4):
-            (<float *>out)[i] = (<const float *>a)[i] + (<const float *>b)[i]
-    elif kind == 2:
-        for i in range(nbytes // 8):
-            (<double *>out)[i] = (<const double *>a)[i] + (<const double *>b)[i]
-    elif kind == 3:
-        for i in range(nbytes // 4):
-            (<uint32_t *>out)[i] = (<const uint32_t *>a)[i] + (<const uint32_t *>b)[i]
-    elif kind == 4:
-        for i in range(nbytes // 8):
-            (<uint64_t *>out)[i] = (<const uint64_t *>a)[i] + (<const uint64_t *>b)[i]
 
 
 cdef class Node:
@@ -309,13 +292,19 @@ cdef class Node:
         """Member ``k``'s acked generation (0 before it attached)."""
         return 0 if self.bases[k] == NULL else ld(<unsigned long long *>word(self.bases[k], OFF_ACKED))
 
-    def record_fp(self, int k, uint64_t gen):
-        """Member ``k``'s fingerprint of generation ``gen``, or None."""
+    cdef char *_entry(self, int k, uint64_t gen, Py_ssize_t field) noexcept:
+        """Member ``k``'s record entry of generation ``gen`` when its word ``field``
+        names that generation (its record, or its verdict), else NULL."""
         cdef char *b = self.bases[k]
         if b == NULL:
-            return None
+            return NULL
         cdef char *rec = b + OFF_RECS + (gen % NREC) * REC_BYTES
-        if ld(<unsigned long long *>word(rec, REC_GEN)) != gen:
+        return rec if ld(<unsigned long long *>word(rec, field)) == gen else NULL
+
+    def record_fp(self, int k, uint64_t gen):
+        """Member ``k``'s fingerprint of generation ``gen``, or None."""
+        cdef char *rec = self._entry(k, gen, REC_GEN)
+        if rec == NULL:
             return None
         cdef uint64_t n = word(rec, REC_FPLEN)[0]
         return (rec + REC_FP)[:min(n, <uint64_t>FP_MAX)]
@@ -323,11 +312,8 @@ cdef class Node:
     def verdict_text(self, int k, uint64_t gen):
         """``(text, off)`` of the verdict member ``k`` published for generation ``gen``
         (``off``: the engine is off for the communicator from now on), or None."""
-        cdef char *b = self.bases[k]
-        if b == NULL:
-            return None
-        cdef char *rec = b + OFF_RECS + (gen % NREC) * REC_BYTES
-        if ld(<unsigned long long *>word(rec, REC_ABORT)) != gen:
+        cdef char *rec = self._entry(k, gen, REC_ABORT)
+        if rec == NULL:
             return None
         cdef uint64_t n = word(rec, REC_TEXTLEN)[0]
         return ((rec + REC_TEXT)[:min(n, <uint64_t>TEXT_MAX)].decode("utf-8", "replace"),
@@ -788,10 +774,10 @@ cdef class Call:
         cdef int k, p = node.size
         cdef char *out = self.recv + off
         if self.kernel:
-            _sum(self.kernel, self._slot_of(0, self.kbase[0] + t) + sub,
+            sum_into(self.kernel, self._slot_of(0, self.kbase[0] + t) + sub,
                  self._slot_of(1, self.kbase[1] + t) + sub, out, ln)
             for k in range(2, p):
-                _sum(self.kernel, out, self._slot_of(k, self.kbase[k] + t) + sub, out, ln)
+                sum_into(self.kernel, out, self._slot_of(k, self.kbase[k] + t) + sub, out, ln)
             return 0
         if self.seg_arrs is None:
             self.seg_arrs = [np.frombuffer(node.owners[k], np.uint8) for k in range(p)]
