@@ -168,9 +168,14 @@ def test_every_collective_every_size(nranks):
     run_case(SHM_CASES, "every_collective_every_size", nranks)
 
 
-def test_small_slots_wrap_the_ring_many_times():
-    run_case(SHM_CASES, "every_collective_every_size", 3,
-             env={"UCXCOMM_SHM_SLOT": "4096", "UCXCOMM_SHM_SLOTS": "2"})
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_rooted_collectives(nranks):
+    run_case(SHM_CASES, "rooted_collectives", nranks)
+
+
+@pytest.mark.parametrize("name", ["every_collective_every_size", "rooted_collectives"])
+def test_small_slots_wrap_the_ring_many_times(name):
+    run_case(SHM_CASES, name, 3, env={"UCXCOMM_SHM_SLOT": "4096", "UCXCOMM_SHM_SLOTS": "2"})
 
 
 def test_single_copy_mode_is_used_and_can_be_refused():

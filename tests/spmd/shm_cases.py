@@ -102,6 +102,58 @@ async def every_collective_every_size(comm):
 
 
 @case
+async def rooted_collectives(comm):
+    """Gather, Scatter and Reduce (every size: they have no small path of their own),
+    every root, IN_PLACE at the root, numpy-kernel ops."""
+    r, p = comm.rank, comm.size
+    for n in (1, 7, 1025, 70001, 300_007):
+        for root in range(p):
+            mine = _data(r, n, np.float64)
+            out = np.full(n * p, -1.0) if r == root else None
+            await comm.Gather(mine, out, root=root, timeout=T)
+            if r == root:
+                assert np.array_equal(out, np.concatenate([_data(k, n, np.float64)
+                                                           for k in range(p)])), (n, root)
+                out[:] = 0
+                out[r * n:(r + 1) * n] = mine
+                await comm.Gather(IN_PLACE, out, root=root, timeout=T)
+                assert np.array_equal(out, np.concatenate([_data(k, n, np.float64)
+                                                           for k in range(p)])), (n, root)
+            else:
+                await comm.Gather(mine, None, root=root, timeout=T)
+            src = _data(root, n * p, np.int32) if r == root else None
+            got = np.full(n, -1, np.int32)
+            await comm.Scatter(src, got, root=root, timeout=T)
+            assert np.array_equal(got, _data(root, n * p, np.int32)[r * n:(r + 1) * n])
+            if r == root:
+                await comm.Scatter(src, IN_PLACE, root=root, timeout=T)
+                assert np.array_equal(src, _data(root, n * p, np.int32))
+            else:
+                await comm.Scatter(None, got, root=root, timeout=T)
+            x = _data(r, n, np.float32)
+            red = np.full(n, -1.0, np.float32) if r == root else None
+            await comm.Reduce(x, red, root=root, timeout=T)
+            if r == root:
+                ref = _data(0, n, np.float32)
+                for k in range(1, p):
+                    ref = ref + _data(k, n, np.float32)
+                assert np.allclose(red, ref), (n, root)
+            y = _data(r, n, np.int16)
+            hi = np.empty(n, np.int16) if r == root else None
+            await comm.Reduce(y, hi, op=ucxcomm.MAX, root=root, timeout=T)
+            if r == root:
+                assert np.array_equal(hi, np.max([_data(k, n, np.int16) for k in range(p)],
+                                                 axis=0))
+                z = _data(r, n, np.int64)
+                await comm.Reduce(IN_PLACE, z, root=root, timeout=T)
+                assert np.array_equal(z, np.sum([_data(k, n, np.int64) for k in range(p)],
+                                                axis=0))
+            else:
+                await comm.Reduce(_data(r, n, np.int64), None, root=root, timeout=T)
+    _engine(comm)
+
+
+@case
 async def single_copy_mode(comm):
     """Large Bcast, Allgather and Alltoall read straight out of the writers' buffers
     (no piece through the segments) unless UCXCOMM_SHM_DIRECT=no; the data is right

@@ -120,8 +120,12 @@ cdef enum:
     K_ALLTOALL = 3
     K_ALLREDUCE = 4
     K_RSB = 5
+    K_GATHER = 6
+    K_SCATTER = 7
+    K_REDUCE = 8
 KINDS = {"Bcast": K_BCAST, "Allgather": K_ALLGATHER, "Alltoall": K_ALLTOALL,
-         "Allreduce": K_ALLREDUCE, "Reduce_scatter_block": K_RSB}
+         "Allreduce": K_ALLREDUCE, "Reduce_scatter_block": K_RSB, "Gather": K_GATHER,
+         "Scatter": K_SCATTER, "Reduce": K_REDUCE}
 
 #: What :meth:`Call.advance` returns.
 DONE = 0
@@ -343,7 +347,8 @@ cdef class Call:
     cdef Node node
     cdef readonly uint64_t gen
     cdef bytes fp
-    cdef int kind, root, kernel, fold_kinds, writes
+    cdef int kind, root, kernel, fold_kinds, writes, reads, folds_own
+    cdef uint64_t readers
     cdef readonly int stage          # 0: record not written, 1: under way, 2: done
     cdef readonly bint verified
     cdef bint differ, truncated, want_direct, direct, deferred
@@ -387,7 +392,7 @@ cdef class Call:
         node.ack(gen - 1)
         cdef Py_ssize_t itemsize = self.itemsize
         cdef Py_ssize_t per = node.slot
-        if self.kind == K_ALLTOALL or self.kind == K_RSB:
+        if self.kind == K_ALLTOALL or self.kind == K_RSB or self.kind == K_SCATTER:
             per = node.slot // p
         per -= per % 64
         if itemsize > 1:
@@ -395,18 +400,41 @@ cdef class Call:
         if per <= 0:
             raise ValueError("shared-memory slot too small for this call")
         self.piece = per
-        self.fold_kinds = self.kind == K_ALLREDUCE or self.kind == K_RSB
+        self.fold_kinds = (self.kind == K_ALLREDUCE or self.kind == K_RSB
+                           or self.kind == K_REDUCE)
         self.full_mask = (<uint64_t>1 << p) - 1 if p < 64 else <uint64_t>0xFFFFFFFFFFFFFFFF
         # Who writes pieces, and whose records this rank needs: every member's with the
         # checks on; else those of the writers it reads.
-        self.writers = (<uint64_t>1 << root) if self.kind == K_BCAST else self.full_mask
+        # Who writes pieces, who reads them, and whether this rank reads (or folds).
+        cdef uint64_t others = self.full_mask & ~(<uint64_t>1 << r)
+        cdef bint rooted = self.kind == K_BCAST or self.kind == K_SCATTER
+        if rooted:  # the root writes, the others read
+            self.writers = <uint64_t>1 << root
+            self.reads = r != root
+            self.readers = self.full_mask & ~(<uint64_t>1 << root)
+        elif self.kind == K_GATHER:  # the others write, the root reads
+            self.writers = self.full_mask & ~(<uint64_t>1 << root)
+            self.reads = r == root
+            self.readers = <uint64_t>1 << root
+        elif self.kind == K_REDUCE:  # everyone writes, the root folds
+            self.writers = self.full_mask
+            self.reads = r == root
+            self.readers = <uint64_t>1 << root
+        else:
+            self.writers = self.full_mask
+            self.reads = True
+            self.readers = self.full_mask
+        self.folds_own = self.fold_kinds and self.reads
+        self.readers &= others
         self.writes = (self.writers >> r) & 1
         steps = (n + per - 1) // per if n > 0 else 0
         self.mine_steps = steps if self.writes else 0
         if self.check:
             self.need_rec = self.full_mask
-        elif self.kind == K_BCAST:
-            self.need_rec = self.writers if r != root else <uint64_t>0
+        elif not self.reads:
+            self.need_rec = 0
+        elif rooted:
+            self.need_rec = self.writers
         else:
             self.need_rec = self.full_mask
         self.want_direct = direct and not self.fold_kinds and ld(
@@ -534,9 +562,11 @@ cdef class Call:
             return
         while self.tw < self.mine_steps:
             s = self.base + self.tw
-            if s >= <uint64_t>node.nslots:
+            if s >= <uint64_t>node.nslots:  # (its readers, and itself where it folds)
                 need = s + 1 - node.nslots
                 for k in range(p):
+                    if not ((self.readers >> k) & 1) and not (k == r and self.folds_own):
+                        continue
                     if node.bases[k] == NULL or ld(<unsigned long long *>word(
                             node.bases[k], OFF_CONSUMED + 64 * r)) < need:
                         return
@@ -546,16 +576,17 @@ cdef class Call:
             if ln > 0:
                 if self.kind == K_BCAST:
                     memcpy(slot, self.recv + off, ln)
-                elif self.kind == K_ALLGATHER or self.kind == K_ALLREDUCE:
+                elif (self.kind == K_ALLGATHER or self.kind == K_ALLREDUCE
+                      or self.kind == K_GATHER or self.kind == K_REDUCE):
                     memcpy(slot, self.send + off, ln)
-                else:  # Alltoall (the others' blocks), Reduce_scatter_block (every block)
+                else:  # Alltoall, Scatter (the others' blocks); Reduce_scatter_block (all)
                     for j in range(p):
                         if j != r or self.kind == K_RSB:
                             memcpy(slot + j * self.piece, self.send + j * self.n + off, ln)
             node.pieces = s + 1
             st(<unsigned long long *>word(mine, OFF_WRITTEN), s + 1)
             self.tw += 1
-            if not self.fold_kinds:  # (nobody here reads its own pieces)
+            if not self.folds_own:  # (nobody here reads its own pieces)
                 st(<unsigned long long *>word(mine, OFF_CONSUMED + 64 * r), s + 1)
 
     cdef int _records(self) except -1:
@@ -629,10 +660,14 @@ cdef class Call:
     cdef void _begin(self) noexcept:
         """The copies of this rank's own block that need nobody."""
         cdef int r = self.node.rank
-        if self.kind == K_ALLGATHER and self.send != self.recv + r * self.n:
+        if ((self.kind == K_ALLGATHER or (self.kind == K_GATHER and r == self.root))
+                and self.send != self.recv + r * self.n):
             memcpy(self.recv + r * self.n, self.send, self.n)
         elif self.kind == K_ALLTOALL and self.send != self.recv:
             memcpy(self.recv + r * self.n, self.send + r * self.n, self.n)
+        elif (self.kind == K_SCATTER and r == self.root
+              and self.recv != self.send + r * self.n):
+            memcpy(self.recv, self.send + r * self.n, self.n)
 
     cdef inline Py_ssize_t _len(self, uint64_t t) noexcept:
         cdef Py_ssize_t off = <Py_ssize_t>t * self.piece
@@ -653,9 +688,11 @@ cdef class Call:
         cdef Py_ssize_t off, ln
         cdef bint blocked = False
         if self.fold_kinds:
-            return self._fold_all()
+            return self._fold_all() if self.reads else DONE
         if self.direct:
             return self._direct()
+        if not self.reads:
+            return DONE
         for k in range(p):
             if k == r or not ((self.writers >> k) & 1):
                 continue
@@ -671,8 +708,10 @@ cdef class Call:
                 if ln > 0:
                     if self.kind == K_BCAST:
                         memcpy(self.recv + off, theirs, ln)
-                    elif self.kind == K_ALLGATHER:
+                    elif self.kind == K_ALLGATHER or self.kind == K_GATHER:
                         memcpy(self.recv + k * self.n + off, theirs, ln)
+                    elif self.kind == K_SCATTER:
+                        memcpy(self.recv + off, theirs + r * self.piece, ln)
                     else:
                         memcpy(self.recv + k * self.n + off, theirs + r * self.piece, ln)
                 self.ktr[k] = t + 1
@@ -690,7 +729,8 @@ cdef class Call:
         cdef Py_ssize_t ln
         cdef char *dst
         for k in range(p):
-            if k == r or not ((self.writers >> k) & 1) or (self.dmask >> k) & 1:
+            if (not self.reads or k == r or not ((self.writers >> k) & 1)
+                    or (self.dmask >> k) & 1):
                 continue
             rec = node.bases[k] + OFF_RECS + (self.gen % NREC) * REC_BYTES
             addr = word(rec, REC_ADDR)[0]
@@ -698,10 +738,12 @@ cdef class Call:
             off = 0
             ln = self.n
             dst = self.recv
-            if self.kind == K_ALLGATHER:
+            if self.kind == K_ALLGATHER or self.kind == K_GATHER:
                 dst = self.recv + k * self.n
             elif self.kind == K_ALLTOALL:
                 dst = self.recv + k * self.n
+                off = <uint64_t>r * theirs_n
+            elif self.kind == K_SCATTER:
                 off = <uint64_t>r * theirs_n
             if <uint64_t>ln > theirs_n:
                 ln = theirs_n
@@ -711,7 +753,8 @@ cdef class Call:
             st(<unsigned long long *>word(mine, OFF_DDONE + 64 * k), self.gen)
         if self.writes:  # (this rank's buffer stays as it is until its readers are done)
             for k in range(p):
-                if k != r and ld(<unsigned long long *>word(node.bases[k], OFF_DDONE + 64 * r)) < self.gen:
+                if (self.readers >> k) & 1 and ld(<unsigned long long *>word(
+                        node.bases[k], OFF_DDONE + 64 * r)) < self.gen:
                     return BLOCKED
         return DONE
 
@@ -742,7 +785,7 @@ cdef class Call:
         cdef Node node = self.node
         cdef int k, p = node.size, r = node.rank
         cdef uint64_t t, s, most = 0
-        cdef Py_ssize_t sub = 0 if self.kind == K_ALLREDUCE else r * self.piece
+        cdef Py_ssize_t sub = r * self.piece if self.kind == K_RSB else 0
         cdef Py_ssize_t off, ln
         cdef char *mine = node.bases[r]
         cdef bint whole

@@ -312,7 +312,7 @@ class Collectives:
         sh = self._shm
         if sh is _UNMADE:
             sh = self._shm = NodeShm(self._group) if NodeShm.usable(self._group) else None
-        if (sh is None or not SMALL_MAX < nbytes <= alg.TUNING[sh.limits[what]]
+        if (sh is None or not sh.mins[what] < nbytes <= alg.TUNING[sh.limits[what]]
                 or (op is not None and sh.crowded
                     and nbytes > alg.TUNING["shm_max_fold_crowded"])
                 or not sh.ready()):
@@ -478,6 +478,10 @@ class Collectives:
                 raise ValueError("Reduce: IN_PLACE is allowed at the root only")
             send = self._buf(sendbuf, False, "Reduce send buffer")
         ufunc = _ufunc(op, send.arr)
+        if not send.device and (res := self._shm_start(
+                "Reduce", send.arr.nbytes, send.arr, send.arr if recv is None else recv.arr,
+                send.arr.nbytes, root, op, ufunc, count=send.n)):
+            return res
         ch = self._chan("Reduce", send, fp=self._fp("Reduce", send, send.n, root, op))
         return self._run(ch, alg.reduce(ch, send, recv, root, ufunc))
 
@@ -641,6 +645,13 @@ class Collectives:
                     raise ValueError(f"{name}: the send buffer has {send.n} elements, the "
                                      f"root's block {counts[r]}")
         b = send if send is not None else recv
+        assert b is not None
+        if not v and not b.device:
+            mine = send.arr if send is not None else b.arr[displs[r]:displs[r] + counts[r]]
+            nbytes = counts[r] * b.itemsize
+            if res := self._shm_start(name, nbytes, mine, mine if recv is None else recv.arr,
+                                      nbytes, root, count=counts[r]):
+                return res
         if v:
             fp = self._fp(name, b, -1, root, own=counts[r],
                           vec=counts if r == root else ())
@@ -712,6 +723,13 @@ class Collectives:
                     raise ValueError(f"{name}: the receive buffer has {recv.n} elements, "
                                      f"the root's block {counts[r]}")
         b = recv if recv is not None else send
+        assert b is not None
+        if not v and not b.device:
+            src = send.arr if send is not None else b.arr
+            mine = recv.arr if recv is not None else src[displs[r]:displs[r] + counts[r]]
+            nbytes = counts[r] * b.itemsize
+            if res := self._shm_start(name, nbytes, src, mine, nbytes, root, count=counts[r]):
+                return res
         if v:
             fp = self._fp(name, b, -1, root, own=counts[r],  # (off the root: its buffer)
                           vec=counts if r == root else ())

@@ -56,7 +56,7 @@ from ..errors import CollectiveMismatch, PeerFailure, TruncationError
 from ..tags import FULL_MASK, KIND_COLL, TAG_BITS, TAG_UB, make_tag
 from . import fingerprint, trace
 from .algorithms import Chan
-from .small import DONE
+from .small import DONE, SMALL_MAX
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -72,7 +72,11 @@ SHM_DIR = "/dev/shm"
 #: Largest communicator the engine serves (every rank reads every other's segment).
 MAX_RANKS = 16
 #: The collectives it serves.
-KINDS = ("Bcast", "Allgather", "Alltoall", "Allreduce", "Reduce_scatter_block")
+KINDS = ("Bcast", "Allgather", "Alltoall", "Allreduce", "Reduce_scatter_block", "Gather",
+         "Scatter", "Reduce")
+#: The collectives with a small path of their own (comm/small.py, _fast.pyx): the engine
+#: takes them above its ``SMALL_MAX`` bytes a message; the others at every size.
+_SMALL_TOO = frozenset(("Gather", "Scatter", "Reduce"))
 
 # A slow call first polls the engine on every event-loop turn, then, once it has waited
 # this long, every POLL_SLEEP_S (a peer that is seconds late costs no core).
@@ -117,6 +121,8 @@ class NodeShm:
         self._finalizer: Any = None
         #: The ``TUNING`` key of each collective's largest message here.
         self.limits = {k: f"shm_max_{k}" for k in KINDS}
+        #: Bytes a message must exceed to come here, by collective.
+        self.mins = {k: 0 if k in _SMALL_TOO else SMALL_MAX for k in KINDS}
         #: This rank's fingerprints of recent calls, by their arguments.
         self.fps: dict[tuple[Any, ...], bytes] = {}
         #: Why the engine is off for this communicator (None: on).
