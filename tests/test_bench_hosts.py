@@ -117,3 +117,20 @@ def test_busbw_share_and_speedups():
     assert recs[0]["speedup"] == {"mpi4py": pytest.approx(1.5)}
     assert "speedup" not in recs[1]
     assert recs[1]["link"] == "200mbit" and recs[1]["hosts"] == 8
+
+
+def test_rooted_collectives_are_measured_when_named():
+    """Gather, Scatter and Reduce are in no default run; --ops names them (ucxcomm and
+    mpi4py), with nccl-tests' meaning of size and their bus factors."""
+    from ucxcomm.bench import spec
+
+    assert not set(spec.ROOTED) & set(spec.SUITES["collectives"])
+    assert spec.counts("gather", 1 << 20, 4) == (1 << 16, 1 << 18)
+    assert spec.counts("scatter", 1 << 20, 4) == (1 << 18, 1 << 16)
+    assert spec.counts("reduce", 1 << 20, 4) == (1 << 18, 1 << 18)
+    assert spec.busbw_factor("reduce", 4) == 1.0 and spec.busbw_factor("gather", 4) == 0.75
+    proc = bench("collectives", "-n", "2", "--ops", "Gather,Scatter,Reduce", "--sizes",
+                 "64K", "--quick", "--compare", "none", timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("gather", "scatter", "reduce"):
+        assert f"collectives {name} [us]" in proc.stdout, proc.stdout

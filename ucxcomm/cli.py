@@ -137,7 +137,9 @@ def _bench_parser(sub) -> None:
     bench.add_argument("--sizes", help="message sizes, e.g. 8,4K,1M,64M (default: the "
                        "suite's OSU-like sweep)")
     bench.add_argument("--ops", help="comma separated operations of the suite, e.g. "
-                       "Allreduce,Bcast (case does not matter; default: all of them)")
+                       "Allreduce,Bcast (case does not matter; default: all of them); "
+                       "collectives also Gather, Scatter, Reduce (rooted at rank 0; "
+                       "ucxcomm and mpi4py, only when named)")
     bench.add_argument("--quick", action="store_true",
                        help="few sizes and repetitions: a smoke test, not a measurement")
     bench.add_argument("--compare", help=f"comma separated peers among {','.join(_PEERS)} "
@@ -240,9 +242,11 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _bench_ops(text: str, suites: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """``--ops``: the suites' operation names, any case (``Reduce_scatter`` is
     reduce_scatter_block)."""
-    from .bench.spec import SUITES
+    from .bench.spec import ROOTED, SUITES
 
     known = [op for suite in suites for op in SUITES[suite]]
+    if "collectives" in suites:
+        known += ROOTED  # (measured only when named here)
     out = []
     for name in (t.strip().lower() for t in text.split(",")):
         name = {"reduce_scatter": "reduce_scatter_block"}.get(name, name)

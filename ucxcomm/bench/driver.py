@@ -27,7 +27,7 @@ from functools import partial
 from . import hosts as _hosts
 from . import launchers as _launch
 from . import perftest as _perftest
-from .spec import DEFAULT_SIZES, OPS, QUICK_SIZES, SUITES, applies, size_label
+from .spec import DEFAULT_SIZES, OPS, QUICK_SIZES, ROOTED, SUITES, applies, size_label
 
 __all__ = ["IMPLS", "Options", "gpu_missing", "run"]
 
@@ -296,10 +296,11 @@ def _needs_module(name: str, hint: str) -> Callable[[], str | None]:
 
 
 P2P, RMA, COLL = SUITES["p2p"], SUITES["rma"], SUITES["collectives"]
+COLL_ROOTED = COLL + ROOTED  # (the rooted ones when --ops names them)
 PIPE = SUITES["pipeline"]
 _UCXX_MODES = ("ucxx-polling", "ucxx-blocking", "ucxx-thread")
 IMPLS: dict[str, Impl] = {i.name: i for i in [
-    Impl("ucxcomm", {"p2p": P2P, "rma": RMA, "collectives": COLL, "pipeline": PIPE,
+    Impl("ucxcomm", {"p2p": P2P, "rma": RMA, "collectives": COLL_ROOTED, "pipeline": PIPE,
                      "torch": SUITES["torch"]},
          lambda: None, _by_suite(p2p=_under_ucxcomm("ranks_ucxcomm"),
                                  rma=_under_ucxcomm("ranks_ucxcomm"),
@@ -310,7 +311,8 @@ IMPLS: dict[str, Impl] = {i.name: i for i in [
     Impl("ucxx", {"p2p": P2P, "pipeline": PIPE}, _needs_module("ucxx", "a ucxcomm dependency"),
          _by_suite(p2p=_under_ucxcomm("ranks_ucxx"), pipeline=_pipeline(_UCXX_MODES)),
          gpu=("p2p",)),
-    Impl("mpi4py", {"p2p": P2P, "rma": RMA, "collectives": COLL}, _launch.mpi_missing, _start_mpi),
+    Impl("mpi4py", {"p2p": P2P, "rma": RMA, "collectives": COLL_ROOTED}, _launch.mpi_missing,
+         _start_mpi),
     Impl("gloo", {"p2p": P2P, "collectives": COLL, "torch": SUITES["torch"]},
          _needs_module("torch", "pip install torch"),
          _by_suite(p2p=_start_gloo, collectives=_start_gloo, torch=_torch("gloo")),
@@ -418,7 +420,8 @@ def _sweep(opts: Options, impls: list[Impl], progress: _Progress, env: dict[str,
             progress.note(f"skipping the {suite} suite: no GPU variant (--gpu)")
             continue
         jobs = [(size, impl, [op for op in impl.ops.get(suite, ())
-                              if applies(op, size, sizes) and (not opts.ops or op in opts.ops)])
+                              if applies(op, size, sizes) and (op in opts.ops if opts.ops
+                                                               else op not in ROOTED)])
                 for size in sizes for impl in impls if not opts.gpu or suite in impl.gpu]
         jobs = [j for j in jobs if j[2]]
         for k, (size, impl, ops) in enumerate(jobs, 1):
@@ -459,12 +462,17 @@ def _speedup(ours: dict, theirs: dict) -> float:
     return ours["median"] / theirs["median"]
 
 
+def _suite_ops(suite: str) -> tuple[str, ...]:
+    """Every op a suite's records may hold (the collectives' rooted ones too)."""
+    return SUITES[suite] + (ROOTED if suite == "collectives" else ())
+
+
 def table(records: list[dict]) -> str:
     """Per suite and op: medians per implementation and size, then ucxcomm's speedup
     over each peer (x > 1: ucxcomm is that many times faster)."""
     lines = []
     for suite in SUITES:
-        for op in SUITES[suite]:
+        for op in _suite_ops(suite):
             rows = [r for r in records if r.get("suite") == suite and r["op"] == op]
             if not rows:
                 continue
@@ -543,7 +551,7 @@ def plot(records: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(s, op) for s in SUITES for op in SUITES[s]
+    panels = [(s, op) for s in SUITES for op in _suite_ops(s)
               if sum(1 for r in records if r.get("suite") == s and r["op"] == op)]
     if not panels:
         raise ValueError("nothing to plot: no records")

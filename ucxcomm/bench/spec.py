@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["OPS", "SUITES", "Plan", "applies", "busbw_factor", "collective_call", "counts",
-           "emit", "job_options", "local_cupy",
+__all__ = ["OPS", "ROOTED", "SUITES", "Plan", "applies", "busbw_factor", "collective_call",
+           "counts", "emit", "job_options", "local_cupy",
            "parse_sizes", "size_label", "timed"]
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -25,6 +25,9 @@ SUITES: dict[str, tuple[str, ...]] = {
     "pipeline": ("stream",),
     "torch": ("all_reduce", "ddp_step"),
 }
+#: Collectives measured only when ``--ops`` names them (ucxcomm and mpi4py): rooted at
+#: rank 0.
+ROOTED: tuple[str, ...] = ("gather", "scatter", "reduce")
 
 #: op -> (unit, description). "us" figures: smaller is better; "GB/s": larger is better.
 OPS: dict[str, tuple[str, str]] = {
@@ -43,6 +46,9 @@ OPS: dict[str, tuple[str, str]] = {
     "allgather": ("us", "allgather (size = gathered result), slowest rank's mean"),
     "alltoall": ("us", "alltoall (size = whole send buffer), slowest rank's mean"),
     "reduce_scatter_block": ("us", "float32 SUM reduce-scatter (size = whole send buffer)"),
+    "gather": ("us", "gather to rank 0 (size = gathered result), slowest rank's mean"),
+    "scatter": ("us", "scatter from rank 0 (size = whole send buffer), slowest rank's mean"),
+    "reduce": ("us", "float32 SUM reduce to rank 0, slowest rank's mean"),
     "stream": ("GB/s", "producer -> consumer process, one batch per message, on endpoints"),
     "all_reduce": ("us", "torch.distributed all_reduce, float32 SUM in place, slowest rank"),
     "ddp_step": ("us", "one DDP step of an MLP (size = parameter bytes), slowest rank"),
@@ -109,7 +115,7 @@ def busbw_factor(op: str, nranks: int) -> float:
     """nccl-tests' bus bandwidth factor: busbw = algbw x factor."""
     if op == "allreduce":
         return 2 * (nranks - 1) / nranks
-    if op == "bcast":
+    if op in ("bcast", "reduce"):
         return 1.0
     return (nranks - 1) / nranks
 
@@ -118,11 +124,13 @@ def counts(op: str, size: int, nranks: int) -> tuple[int, int]:
     """float32 element counts ``(send, recv)`` of collective ``op`` at ``size`` bytes,
     with nccl-tests' meaning of size (see :data:`OPS`)."""
     n = max(1, size // 4)
-    if op in ("allreduce", "bcast"):
+    if op in ("allreduce", "bcast", "reduce"):
         return n, n
     per = max(1, n // nranks)
-    if op == "allgather":
+    if op in ("allgather", "gather"):
         return per, per * nranks
+    if op == "scatter":
+        return per * nranks, per
     if op == "alltoall":
         return per * nranks, per * nranks
     return per * nranks, per  # reduce_scatter_block
@@ -133,6 +141,9 @@ def collective_call(comm, op: str, send, recv):
     ucxcomm's share the method names; SUM where it reduces)."""
     if op == "bcast":
         return lambda: comm.Bcast(send, 0)
+    if op in ROOTED:
+        rooted = {"gather": comm.Gather, "scatter": comm.Scatter, "reduce": comm.Reduce}[op]
+        return lambda: rooted(send, recv, root=0)
     method = {"allreduce": comm.Allreduce, "allgather": comm.Allgather,
               "alltoall": comm.Alltoall, "reduce_scatter_block": comm.Reduce_scatter_block}[op]
     return lambda: method(send, recv)
@@ -164,7 +175,7 @@ def emit(impl: str, op: str, size: int, nranks: int, samples: list[float], **ext
         "impl": impl, "op": op, "size": size, "nranks": nranks, "unit": OPS[op][0],
         "median": statistics.median(samples), "min": min(samples), "max": max(samples),
         "samples": len(samples)}
-    if op in SUITES["collectives"]:
+    if op in SUITES["collectives"] or op in ROOTED:
         algbw = size / (rec["median"] * 1e-6) / 1e9
         rec["algbw_GBps"] = algbw
         rec["busbw_GBps"] = algbw * busbw_factor(op, nranks)
@@ -178,7 +189,7 @@ def applies(op: str, size: int, sizes: list[int]) -> bool:
     ops at the smallest size of the sweep only (reported at their own size)."""
     if op in ONCE:
         return size == sizes[0]
-    if OPS[op][0] == "us" and op not in SUITES["collectives"] + SUITES["torch"]:
+    if OPS[op][0] == "us" and op not in SUITES["collectives"] + SUITES["torch"] + ROOTED:
         return size <= LAT_MAX
     return True
 
