@@ -368,10 +368,11 @@ cdef class Call:
                  object recv, Py_ssize_t n, int root, int kernel, object ufunc,
                  bint direct=False):
         """``fp``: this rank's fingerprint (None: checks off); ``send``/``recv``:
-        C-contiguous numpy arrays of one dtype; ``n``: bytes (Bcast, Allreduce: the
-        whole buffer; Allgather, Alltoall, Reduce_scatter_block: one rank's block);
+        C-contiguous numpy arrays of one dtype (where a rank has no buffer of one kind,
+        its other one: never written); ``n``: bytes (Bcast, Allreduce, Reduce: the
+        whole buffer; the others: one rank's block);
         ``kernel``: the compiled SUM kernel (0: fold with ``ufunc``); ``direct``: ask
-        for single-copy mode (Bcast, Allgather, Alltoall: each reader copies straight
+        for single-copy mode (the copying collectives: each reader copies straight
         out of the writer's buffer with ``process_vm_readv``, and the writer returns
         once every reader is done; taken when every member asks and can). Acknowledges
         every record before ``gen`` (this rank is past those calls)."""

@@ -5,15 +5,15 @@
 and the tiers that serve it: a compiled small-message call (``comm/_fast.pyx``), the
 Python small-message path (``comm/small.py``), the general algorithms
 (``comm/algorithms.py``); on one host, the mid-size calls of Bcast, Allgather, Alltoall,
-Allreduce and Reduce_scatter_block take the node's shared-memory engine
-(``comm/shm.py``) before the general algorithms. Lowercase methods move Python objects,
-Capitalized ones move buffers (numpy arrays, bytearray/memoryview, cupy arrays on the
-GPU) without staging copies; ``barrier`` lives here too. Each blocking collective ``X``
-takes ``timeout=`` and awaits ``_X(...)``, which checks the arguments and starts the
-operation (an awaitable, or ``DONE`` when it finished in the call); ``IX`` wraps the
-same start in a :class:`~ucxcomm.Request`. Every argument is checked before a collective
-takes its sequence number, so a bad call raises at once on the calling rank and leaves
-the communicator usable. The algorithms themselves live in
+Allreduce and Reduce_scatter_block, and Gather, Scatter and Reduce, take the node's
+shared-memory engine (``comm/shm.py``) before the general algorithms. Lowercase methods
+move Python objects, Capitalized ones move buffers (numpy arrays, bytearray/memoryview,
+cupy arrays on the GPU) without staging copies; ``barrier`` lives here too. Each
+blocking collective ``X`` takes ``timeout=`` and awaits ``_X(...)``, which checks the
+arguments and starts the operation (an awaitable, or ``DONE`` when it finished in the
+call); ``IX`` wraps the same start in a :class:`~ucxcomm.Request`. Every argument is
+checked before a collective takes its sequence number, so a bad call raises at once on
+the calling rank and leaves the communicator usable. The algorithms themselves live in
 :mod:`ucxcomm.comm.algorithms`.
 
 Non-blocking forms (``Ibcast``, ``Iallreduce``... and ``ibarrier``) start the operation
