@@ -210,3 +210,9 @@ def test_a_dead_member_fails_the_wait():
 
 def test_a_late_root_times_out():
     run_case(SHM_CASES, "a_late_root_times_out", 2)
+
+
+@pytest.mark.parametrize("env", [{"UCXCOMM_CHECK_COLLECTIVES": "0"}, {"UCXCOMM_SHM_DIRECT": "no"}])
+@pytest.mark.parametrize("name", ["every_collective_every_size", "rooted_collectives"])
+def test_checks_off_or_no_single_copy(name, env):
+    run_case(SHM_CASES, name, 3, env=env)
