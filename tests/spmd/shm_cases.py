@@ -27,6 +27,15 @@ def _engine(comm):
     return sh
 
 
+async def _raises(kind, call):
+    """The ``kind`` exception awaiting ``call()`` raised (an AssertionError if none)."""
+    try:
+        await call()
+    except kind as exc:
+        return exc
+    raise AssertionError(f"no {kind.__name__}")
+
+
 def _listing():
     return {f"{shm.SHM_DIR}/{name}" for name in os.listdir(shm.SHM_DIR)}
 
@@ -220,24 +229,17 @@ async def mismatch_across_paths(comm):
     # Bcast: rank 1 passes 8 KiB (the small path), the others 16 KiB (the engine).
     n = 1024 if r == 1 else 2048
     buf = np.full(n, -7.0) if r else np.ones(n)
-    try:
-        await comm.Bcast(buf, root=0, timeout=T)
-    except ucxcomm.CollectiveMismatch as exc:
-        assert "Bcast(float64[1024]" in str(exc) and "Bcast(float64[2048]" in str(exc), exc
-    else:
-        raise AssertionError("no CollectiveMismatch")
+    exc = await _raises(ucxcomm.CollectiveMismatch, lambda: comm.Bcast(buf, root=0, timeout=T))
+    assert "Bcast(float64[1024]" in str(exc) and "Bcast(float64[2048]" in str(exc), exc
     if r:
         assert (buf == -7.0).all()
     # Allreduce: rank 0 above the engine's limit (the ring), the others below it.
     lim = algorithms.TUNING["shm_max_Allreduce"] // 8
     m = lim + 8 if r == 0 else lim
     out = np.full(m, -7.0)
-    try:
-        await comm.Allreduce(np.ones(m), out, timeout=T)
-    except ucxcomm.CollectiveMismatch as exc:
-        assert f"Allreduce(float64[{lim + 8}]" in str(exc), exc
-    else:
-        raise AssertionError("no CollectiveMismatch")
+    exc = await _raises(ucxcomm.CollectiveMismatch,
+                        lambda: comm.Allreduce(np.ones(m), out, timeout=T))
+    assert f"Allreduce(float64[{lim + 8}]" in str(exc), exc
     assert (out == -7.0).all()
     ok = np.empty(4096)
     await comm.Allreduce(np.ones(4096), ok, timeout=T)
@@ -254,12 +256,8 @@ async def a_rank_without_the_engine(comm):
     if r == 1:
         shm.SHM_DIR = "/nonexistent-ucxcomm-test"
     buf = np.full(4096, -7.0) if r else np.arange(4096.0)
-    try:
-        await comm.Bcast(buf, root=0, timeout=T)
-    except ucxcomm.CollectiveMismatch as exc:
-        assert "shared memory" in str(exc), exc
-    else:
-        raise AssertionError("no CollectiveMismatch")
+    exc = await _raises(ucxcomm.CollectiveMismatch, lambda: comm.Bcast(buf, root=0, timeout=T))
+    assert "shared memory" in str(exc), exc
     for _ in range(3):
         await comm.Bcast(buf, root=0, timeout=T)
         assert np.array_equal(buf, np.arange(4096.0))
@@ -280,12 +278,8 @@ async def a_dead_member_fails_the_wait(comm):
         os._exit(0)  # no close(): the others must find out
     for attempt in (lambda: comm.Bcast(b, root=p - 1),  # (waits for its record)
                     lambda: comm.Allgather(np.ones(2048), np.zeros(2048 * p))):
-        try:
-            await asyncio.wait_for(attempt(), T)
-        except ucxcomm.PeerFailure as exc:
-            assert exc.peer == p - 1, exc
-        else:
-            raise AssertionError("no PeerFailure")
+        exc = await _raises(ucxcomm.PeerFailure, lambda a=attempt: asyncio.wait_for(a(), T))
+        assert exc.peer == p - 1, exc
     comm.abort()
     return "aborted"
 
@@ -299,18 +293,9 @@ async def a_late_root_times_out(comm):
     b = np.zeros(8192)
     await sub.Bcast(b, root=0, timeout=T)
     if r != 0:
-        try:
-            await sub.Bcast(b, root=0, timeout=0.3)
-        except ucxcomm.CommTimeoutError:
-            pass
-        else:
-            raise AssertionError("no timeout")
-        try:
-            await sub.Bcast(b, root=0, timeout=T)
-        except ucxcomm.UcxCommError as exc:
-            assert "out of step" in str(exc), exc
-        else:
-            raise AssertionError("an out-of-step communicator took a call")
+        await _raises(ucxcomm.CommTimeoutError, lambda: sub.Bcast(b, root=0, timeout=0.3))
+        exc = await _raises(ucxcomm.UcxCommError, lambda: sub.Bcast(b, root=0, timeout=T))
+        assert "out of step" in str(exc), exc
         await sub.send("done", 0)
     else:
         for q in range(1, comm.size):
