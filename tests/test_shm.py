@@ -63,6 +63,72 @@ def test_pieces_go_through_a_ring_smaller_than_the_message():
     assert all((o == 1.5 + 2.5 + 3.5).all() for o in out)
 
 
+def _rooted(kind, r, root, count, salt):
+    """Rank ``r``'s buffers of a 3-member ``kind`` of ``count`` int64 a block, and what
+    its receive buffer must hold after it (None: nothing)."""
+    def data(k, m=count):
+        return np.arange(m, dtype=np.int64) * 10 + 100 * k + 1000 * salt
+
+    if kind == "Reduce":
+        send = data(r)
+        recv = np.full(count, -1, np.int64) if r == root else send
+        return send, recv, (sum(data(k) for k in range(3)) if r == root else None)
+    if kind == "Gather":
+        send = data(r)
+        recv = np.full(3 * count, -1, np.int64) if r == root else send
+        return send, recv, (np.concatenate([data(k) for k in range(3)]) if r == root else None)
+    if kind == "Scatter":
+        recv = np.full(count, -1, np.int64)
+        send = data(root, 3 * count) if r == root else recv
+        return send, recv, data(root, 3 * count)[r * count:(r + 1) * count]
+    buf = data(root) if r == root else np.full(count, -1, np.int64)  # Bcast
+    return buf, buf, data(root)
+
+
+# (first call, its root, second call, its root, the member late in the first call)
+_HANDOVERS = [("Reduce", 2, "Reduce", 0, 2), ("Gather", 2, "Gather", 0, 2),
+              ("Scatter", 0, "Reduce", 0, 2), ("Bcast", 0, "Gather", 1, 2)]
+
+
+@pytest.mark.parametrize("first,root1,second,root2,late", _HANDOVERS)
+def test_a_slot_waits_for_its_own_pieces_readers(first, root1, second, root2, late):
+    """A slot comes free once the readers of the piece in it consumed it, not those of
+    the call writing the next one. Checks on, 3 members, each writer's pieces of the
+    first call filling its ring: every member but ``late`` finishes the first call
+    (pieces out, every record in) while ``late`` has read nothing of it, then goes as
+    far as it can into the second, whose readers differ (a Reduce or Gather to another
+    root; the Scatter root's own Reduce; a Gather from a Bcast root), and whose reader
+    counts every earlier piece consumed as it reads the writers' records. Their pieces
+    of the second call must wait for ``late``, or it reads (folds) them instead of the
+    first call's. (Found with 2 slots of 4 KiB: the root's wrong Reduce in CI.)"""
+    nodes, _ = _members(3)
+    others = [r for r in range(3) if r != late]
+
+    def call(kind, r, gen, root):
+        count = SLOT * NSLOTS // 8  # (a ring of int64 pieces; Scatter: 1/3 slot a piece)
+        if kind == "Scatter":
+            count = (SLOT // 3 - SLOT // 3 % 64) * NSLOTS // 8
+        send, recv, want = _rooted(kind, r, root, count, gen)
+        c = _shm.Call(nodes[r], gen, kind, b"fp-%d" % gen, send, recv, count * 8, root,
+                      0, np.add if kind == "Reduce" else None)
+        return c, recv, want
+
+    one = {r: call(first, r, 1, root1) for r in range(3)}
+    assert one[late][0].advance(0) == _shm.BLOCKED  # (its record, its pieces if any)
+    assert _drive([one[r][0] for r in others]) == [_shm.DONE] * 2
+    two = {r: call(second, r, 2, root2) for r in others}  # (past the first call)
+    for _ in range(3):  # (as far as they go without the late member: its record)
+        for r in reversed(others):
+            assert two[r][0].advance(0) == _shm.BLOCKED
+    assert _drive([one[late][0]]) == [_shm.DONE]
+    two[late] = call(second, late, 2, root2)
+    assert _drive([two[r][0] for r in range(3)]) == [_shm.DONE] * 3
+    for calls in (one, two):
+        for r, (_, recv, want) in calls.items():
+            if want is not None:
+                assert np.array_equal(recv, want), (r, calls is one)
+
+
 def test_single_copy_mode_reads_the_writers_buffers():
     """Members that can read each other's memory (here: one process, so
     process_vm_readv reads our own) and ask for it copy straight out of the writer's

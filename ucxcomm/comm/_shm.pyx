@@ -11,10 +11,11 @@ ring of data slots. A collective call is one :class:`Call`, advanced by
   every member has finished with the entry's previous record.
 * **pieces**: each rank that has input for others writes it piece by piece into its
   slots: piece ``s`` (counted over the rank's life) goes to slot ``s % nslots`` once
-  every member has consumed the slot's previous piece (each member counts, in its own
-  header, the pieces it consumed of every writer), then ``written = s + 1`` is
-  published. Writing needs nobody's record: a rank's pieces are out before its peers
-  arrive.
+  every reader of the slot's previous piece has consumed it or finished that piece's
+  call (each member counts, in its own header, the pieces it consumed of every writer;
+  the writer remembers who reads each slot's piece: maybe an earlier call's root, not
+  this call's), then ``written = s + 1`` is published. Writing needs nobody's record: a
+  rank's pieces are out before its peers arrive.
 * **check**: with the checks on, the rank reads every member's record of the
   generation: all match, or the Python side raises the verdict. Only then does it write
   into the user's buffer: it copies (or folds, in rank order) the pieces it needs out
@@ -168,10 +169,17 @@ cdef class Node:
     cdef list owners
     cdef readonly uint64_t pieces      # pieces this rank has written (its written word)
     cdef public bint spin_yield
+    # Of the piece in each of this rank's slots: the members that read it (a bit each)
+    # and its call's generation. The slot comes free once those members consumed it or
+    # finished that call, whoever reads the next piece (see Call._free).
+    cdef uint64_t *slot_readers
+    cdef uint64_t *slot_gen
 
     def __cinit__(self):
         self.bases = NULL
         self.views = NULL
+        self.slot_readers = NULL
+        self.slot_gen = NULL
 
     def __init__(self, int rank, int size, Py_ssize_t slot, int nslots, object own):
         if not (0 <= rank < size <= MAXP) or slot < 4096 or slot % 64 or nslots < 2:
@@ -179,9 +187,14 @@ cdef class Node:
         self.rank, self.size, self.slot, self.nslots = rank, size, slot, nslots
         self.bases = <char **>PyMem_Malloc(size * sizeof(char *))
         self.views = <Py_buffer *>PyMem_Malloc(size * sizeof(Py_buffer))
-        if self.bases == NULL or self.views == NULL:
+        self.slot_readers = <uint64_t *>PyMem_Malloc(nslots * sizeof(uint64_t))
+        self.slot_gen = <uint64_t *>PyMem_Malloc(nslots * sizeof(uint64_t))
+        if (self.bases == NULL or self.views == NULL or self.slot_readers == NULL
+                or self.slot_gen == NULL):
             raise MemoryError()
         memset(self.bases, 0, size * sizeof(char *))
+        memset(self.slot_readers, 0, nslots * sizeof(uint64_t))
+        memset(self.slot_gen, 0, nslots * sizeof(uint64_t))
         self.owners = [None] * size
         self.pieces = 0
         self.spin_yield = False
@@ -291,6 +304,10 @@ cdef class Node:
         if self.views != NULL:
             PyMem_Free(self.views)
             self.views = NULL
+        PyMem_Free(self.slot_readers)
+        self.slot_readers = NULL
+        PyMem_Free(self.slot_gen)
+        self.slot_gen = NULL
 
     def acked(self, int k):
         """Member ``k``'s acked generation (0 before it attached)."""
@@ -557,21 +574,16 @@ cdef class Call:
         cdef int k, j, p = node.size, r = node.rank
         cdef char *mine = node.bases[r]
         cdef char *slot
-        cdef uint64_t s, need
+        cdef uint64_t s, i
         cdef Py_ssize_t off, ln
         if self.deferred:
             return
         while self.tw < self.mine_steps:
             s = self.base + self.tw
-            if s >= <uint64_t>node.nslots:  # (its readers, and itself where it folds)
-                need = s + 1 - node.nslots
-                for k in range(p):
-                    if not ((self.readers >> k) & 1) and not (k == r and self.folds_own):
-                        continue
-                    if node.bases[k] == NULL or ld(<unsigned long long *>word(
-                            node.bases[k], OFF_CONSUMED + 64 * r)) < need:
-                        return
-            slot = mine + OFF_DATA + (s % <uint64_t>node.nslots) * node.slot
+            i = s % <uint64_t>node.nslots
+            if s >= <uint64_t>node.nslots and not self._free(s, i):
+                return
+            slot = mine + OFF_DATA + i * node.slot
             off = <Py_ssize_t>self.tw * self.piece
             ln = self._len(self.tw)
             if ln > 0:
@@ -584,11 +596,37 @@ cdef class Call:
                     for j in range(p):
                         if j != r or self.kind == K_RSB:
                             memcpy(slot + j * self.piece, self.send + j * self.n + off, ln)
+            node.slot_readers[i] = self.readers | (<uint64_t>self.folds_own << r)
+            node.slot_gen[i] = self.gen
             node.pieces = s + 1
             st(<unsigned long long *>word(mine, OFF_WRITTEN), s + 1)
             self.tw += 1
             if not self.folds_own:  # (nobody here reads its own pieces)
                 st(<unsigned long long *>word(mine, OFF_CONSUMED + 64 * r), s + 1)
+
+    cdef bint _free(self, uint64_t s, uint64_t i) noexcept:
+        """Whether slot ``i`` may take this rank's piece ``s``: every reader of the piece
+        now in it (``s - nslots``, maybe of an earlier call, whose readers may not be
+        this call's: a Reduce or Gather to another root) consumed it, or finished its
+        call (or gave it up: a mismatch). The readers of this call have no say: a member
+        that reads nothing of the old piece counts it consumed as soon as it reads this
+        call's record, while the old piece's reader may still be folding it."""
+        cdef Node node = self.node
+        cdef int k, r = node.rank
+        cdef uint64_t need = s + 1 - node.nslots
+        cdef uint64_t mask = node.slot_readers[i]
+        cdef uint64_t gen = node.slot_gen[i]
+        cdef char *b
+        for k in range(node.size):
+            if not ((mask >> k) & 1):
+                continue
+            b = node.bases[k]
+            if b == NULL:
+                return False
+            if (ld(<unsigned long long *>word(b, OFF_CONSUMED + 64 * r)) < need
+                    and ld(<unsigned long long *>word(b, OFF_ACKED)) < gen):
+                return False
+        return True
 
     cdef int _records(self) except -1:
         """Read the records this rank needs: DONE once all are in and match (then the
