@@ -48,6 +48,7 @@ TUNING = {
     "shm_max_Allgather": 1 << 62,
     "shm_max_Alltoall": 1 << 62,
     "shm_max_Reduce_scatter_block": 1 << 62,
+    "shm_max_Reduce": 4 << 20,
     "shm_max_Gather": 1 << 62,
     "shm_max_Scatter": 1 << 62,
     # from here (bytes per message) Bcast, Allgather and Alltoall read straight out of

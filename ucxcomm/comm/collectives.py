@@ -5,7 +5,7 @@
 and the tiers that serve it: a compiled small-message call (``comm/_fast.pyx``), the
 Python small-message path (``comm/small.py``), the general algorithms
 (``comm/algorithms.py``); on one host, the mid-size calls of Bcast, Allgather, Alltoall,
-Allreduce and Reduce_scatter_block, and Gather and Scatter, take the node's
+Allreduce and Reduce_scatter_block, and Gather, Scatter and Reduce, take the node's
 shared-memory engine (``comm/shm.py``) before the general algorithms. Lowercase methods
 move Python objects, Capitalized ones move buffers (numpy arrays, bytearray/memoryview,
 cupy arrays on the GPU) without staging copies; ``barrier`` lives here too. Each
@@ -478,6 +478,10 @@ class Collectives:
                 raise ValueError("Reduce: IN_PLACE is allowed at the root only")
             send = self._buf(sendbuf, False, "Reduce send buffer")
         ufunc = _ufunc(op, send.arr)
+        if not send.device and (res := self._shm_start(
+                "Reduce", send.arr.nbytes, send.arr, send.arr if recv is None else recv.arr,
+                send.arr.nbytes, root, op, ufunc, count=send.n)):
+            return res
         ch = self._chan("Reduce", send, fp=self._fp("Reduce", send, send.n, root, op))
         return self._run(ch, alg.reduce(ch, send, recv, root, ufunc))
 

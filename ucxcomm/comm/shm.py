@@ -3,18 +3,17 @@
 When every rank of a communicator runs on one host (their host identities match: same
 kernel boot, network and IPC namespaces), the mid-size collectives of host memory
 (``Bcast``, ``Allgather``, ``Alltoall``, ``Allreduce``, ``Reduce_scatter_block`` above
-the small paths' ``SMALL_MAX`` bytes per message; ``Gather`` and ``Scatter`` at every
-size (the engine has ``Reduce`` too; no call takes it yet, docs/design.md); up to
-``TUNING["shm_max_<name>"]`` of :mod:`ucxcomm.comm.algorithms`) take this engine instead
-of UCX: each rank writes its pieces into a segment of its own that every member maps,
-and every member reads (or folds, in rank order) the pieces it needs straight out of the
-others' segments, pipelined through a ring of slots (``comm/_shm.pyx`` describes the
-protocol). A broadcast is written once and read by every other rank in parallel; nothing
-is registered, pinned or handshaken per call. From ``TUNING["shm_direct_min"]`` bytes a
-message, the copying collectives take single-copy mode where every member can
-(``UCXCOMM_SHM_DIRECT``): readers copy straight out of the writer's own buffer with
-``process_vm_readv``. ``UCXCOMM_SHM=no`` turns it off (it must be the same on every
-rank).
+the small paths' ``SMALL_MAX`` bytes per message; ``Gather``, ``Scatter`` and ``Reduce``
+at every size; up to ``TUNING["shm_max_<name>"]`` of :mod:`ucxcomm.comm.algorithms`)
+take this engine instead of UCX: each rank writes its pieces into a segment of its own
+that every member maps, and every member reads (or folds, in rank order) the pieces it
+needs straight out of the others' segments, pipelined through a ring of slots
+(``comm/_shm.pyx`` describes the protocol). A broadcast is written once and read by
+every other rank in parallel; nothing is registered, pinned or handshaken per call.
+From ``TUNING["shm_direct_min"]`` bytes a message, the copying collectives take
+single-copy mode where every member can (``UCXCOMM_SHM_DIRECT``): readers copy straight
+out of the writer's own buffer with ``process_vm_readv``. ``UCXCOMM_SHM=no`` turns it
+off (it must be the same on every rank).
 
 **Segments.** Made on a communicator's first call that uses them, as files under
 ``/dev/shm`` (mode 0600, named after the user, the communicator and the rank) that are
