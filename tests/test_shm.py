@@ -259,6 +259,12 @@ def test_checks_off_root_runs_ahead(nranks):
              env={"UCXCOMM_CHECK_COLLECTIVES": "0"})
 
 
+def test_checks_off_a_writer_ahead_of_its_readers_segments():
+    run_case(SHM_CASES, "checks_off_a_writer_ahead_of_its_readers_segments", 3,
+             env={"UCXCOMM_CHECK_COLLECTIVES": "0", "UCXCOMM_SHM_SLOT": "4096",
+                  "UCXCOMM_SHM_SLOTS": "2"})
+
+
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_mismatch_across_paths(nranks):
     run_case(SHM_CASES, "mismatch_across_paths", nranks)

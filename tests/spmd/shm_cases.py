@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 import ucxcomm
-from ucxcomm import IN_PLACE
+from ucxcomm import IN_PLACE, settings
 from ucxcomm.comm import algorithms, shm
 from ucxcomm.testing import Cases
 
@@ -218,6 +218,42 @@ async def checks_off_runs_ahead(comm):
         await comm.Bcast(b, root=0, timeout=T)
     assert all((b == i).all() for i, b in enumerate(bufs))
     _engine(comm)
+
+
+@case
+async def checks_off_a_writer_ahead_of_its_readers_segments(comm):
+    """With the checks off a writer needs nobody's record: on a fresh communicator it
+    may fill its ring before its readers have even made their segments. It keeps
+    mapping them while it waits for a slot (it used to stop once its call was verified:
+    it then waited forever). A Bcast root and Gather and Reduce writers, each first on
+    a communicator of its own, their readers late (run it with small rings: a Reduce
+    of two default rings is above the engine's limit where ranks outnumber cores)."""
+    assert not comm._group.check
+    r, p = comm.rank, comm.size
+    ring = int(settings.get("UCXCOMM_SHM_SLOT")) * int(settings.get("UCXCOMM_SHM_SLOTS"))
+    n = 2 * ring // 8 + 1  # (float64: two rings' worth)
+    sub = await comm.dup()
+    if r != 0:
+        await asyncio.sleep(0.3)
+    b = np.arange(n, dtype=np.float64) if r == 0 else np.zeros(n)
+    await sub.Bcast(b, root=0, timeout=T)
+    assert np.array_equal(b, np.arange(n, dtype=np.float64))
+    _engine(sub)
+    for what in ("Gather", "Reduce"):
+        sub = await comm.dup()
+        if r == 0:
+            await asyncio.sleep(0.3)
+        mine = _data(r, n, np.float64)
+        out = np.empty(n * p if what == "Gather" else n) if r == 0 else None
+        if what == "Gather":
+            await sub.Gather(mine, out, root=0, timeout=T)
+            want = np.concatenate([_data(k, n, np.float64) for k in range(p)])
+        else:
+            await sub.Reduce(mine, out, root=0, timeout=T)
+            want = np.sum([_data(k, n, np.float64) for k in range(p)], axis=0)
+        if r == 0:
+            assert np.array_equal(out, want), what
+        _engine(sub)
 
 
 @case

@@ -317,11 +317,10 @@ class NodeShm:
         start = time.monotonic()
         while True:
             self._check_failed(what)
-            if not call.verified:  # (records wait for every segment)
-                if not self._mapped:
-                    self._attach()
-                if fp is not None:
-                    await self._probe(call, what, seq, fp, got, answered)
+            if not self._mapped:  # (records wait for every segment; with the checks off
+                self._attach()    # a writer needs none, but its slots wait for readers)
+            if not call.verified and fp is not None:
+                await self._probe(call, what, seq, fp, got, answered)
             st = call.advance(0 if not call.verified else self._budget_ns // 4)
             if st == _shm.DONE:
                 self._unlink_own()
