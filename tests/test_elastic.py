@@ -162,6 +162,33 @@ def run_kill(name: str, nranks: int, victim: int, launcher: str = "run",
     return text
 
 
+def test_endpoints_finish_their_handshake_at_init(tmp_path):
+    """UCX resolves an endpoint's remote id at its first rendezvous by default: the peer
+    then writes a handshake reply into this process's shared-memory FIFO, and a peer
+    killed in that write (SIGKILL right as survivors began a large Send to it:
+    ``test_kill_and_shrink_under_elastic_run[send_big-*]``, about 1 run in 100) left
+    the FIFO stuck for good: the survivor never got another message over shared memory
+    and the shrunk communicator's first collective hung. The plan now resolves remote
+    ids when endpoints are made: after init, no endpoint sends a handshake request
+    (UCX's debug log says when each one went)."""
+    logs = tmp_path / "ucx"
+    logs.mkdir()
+    env = dict(clean_env(), UCX_LOG_LEVEL="debug", UCX_LOG_FILE=str(logs / "ucx.%p.log"))
+    proc = run_case(CASES, "first_rendezvous_after_init", 3, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stdout[-TAIL:] + proc.stderr[-TAIL:]
+    starts = [float(line.split()[-1]) for line in proc.stdout.splitlines()
+              if line.split()[-2:-1] == ["T0"]]
+    assert len(starts) == 3, proc.stdout[-TAIL:]
+    requests = []
+    for path in logs.iterdir():
+        for line in path.read_text(errors="replace").splitlines():
+            if "send wireup request" in line:
+                requests.append((float(line[1:line.index("]")]), line))
+    assert requests, "no handshake request in UCX's debug log: did its format change?"
+    late = [line for when, line in requests if when > min(starts)]
+    assert not late, "handshakes after init:\n" + "\n".join(late)
+
+
 @pytest.mark.parametrize("victim", [0, 2])
 @pytest.mark.parametrize("name", KILL_CASES)
 def test_kill_and_shrink_under_elastic_run(name, victim):

@@ -75,8 +75,8 @@ def test_transport_plan_reaches_one_sided_traffic():
     """``init(transport="tcp")`` (plan: UCX_TLS=tcp,sm,self) configures the RMA engines
     too: the bulk one as planned, the atomics one with UCX_PROTO_ENABLE=n on top."""
     for rep in _rma_config_reports("tcp"):
-        assert rep["rma_options"] == [{"TLS": "tcp,sm,self"},
-                                      {"TLS": "tcp,sm,self", "PROTO_ENABLE": "n"}], rep
+        plan = {"TLS": "tcp,sm,self", "RESOLVE_REMOTE_EP_ID": "y"}
+        assert rep["rma_options"] == [plan, {**plan, "PROTO_ENABLE": "n"}], rep
         peer = str(1 - rep["rank"])
         assert rep["rma"][peer] and {tl for tl, _ in rep["rma"][peer]} <= {
             "tcp", "sysv", "posix", "cma", "self"}, rep

@@ -15,6 +15,9 @@ from ucxcomm.errors import PeerFailure, UnsupportedError
 from ucxcomm.testing import launch, run_case
 from ucxcomm.transport import config as tc
 
+#: What every plan sets (endpoints resolved when made: see transport/config.py).
+RESOLVE = {"RESOLVE_REMOTE_EP_ID": "y"}
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "transports"
 
@@ -160,7 +163,7 @@ def test_rdma_needs_an_active_port(tmp_path):
     with pytest.raises(UnsupportedError, match="no active RDMA port"):
         tc.plan(tc.policy_from("rdma", devices=["mlx5_1:1"], env={}), det, env={})
     p = tc.plan(tc.policy_from("rdma", devices=["mlx5_0:1"], env={}), det, env={})
-    assert p.config == {"TLS": "rc,ud,dc,sm,self", "NET_DEVICES": "mlx5_0:1"}
+    assert p.config == {"TLS": "rc,ud,dc,sm,self", "NET_DEVICES": "mlx5_0:1", **RESOLVE}
 
 
 def test_no_device_at_all(tmp_path):
@@ -168,7 +171,7 @@ def test_no_device_at_all(tmp_path):
     with pytest.raises(UnsupportedError, match="no RDMA device under /sys/class/infiniband"):
         tc.plan(tc.policy_from("rdma", env={}), det, env={})
     p = tc.plan(tc.policy_from("tcp", env={}), det, env={})
-    assert p.config == {"TLS": "tcp,sm,self"} and not p.rdma and not p.tag_offload
+    assert p.config == {"TLS": "tcp,sm,self", **RESOLVE} and not p.rdma and not p.tag_offload
 
 
 def test_user_ucx_variables_win(tmp_path):

@@ -179,6 +179,22 @@ async def agreement_among_live_ranks(comm):
     await new.close()
 
 
+@case
+async def first_rendezvous_after_init(comm):
+    """``T0 <time>`` after init, then a rendezvous-sized exchange with every other rank
+    (test_elastic.py reads UCX's debug log: no endpoint handshake may come after T0)."""
+    r, p = comm.rank, comm.size
+    await comm.barrier()
+    print(f"T0 {time.time():.6f}", flush=True)
+    buf = np.full(BIG, float(r))
+    got = np.empty_like(buf)
+    for k in range(1, p):
+        right, left = (r + k) % p, (r - k) % p
+        await comm.Sendrecv(buf, right, got, source=left)
+        assert (got == left).all()
+    await comm.barrier()
+
+
 # ------------------------------------------------------------------- a death
 def _victim(comm) -> int:
     v = os.environ["ELASTIC_VICTIM"]
@@ -215,6 +231,39 @@ def _blocking(name, comm, victim):
         "sendrecv_big": lambda: comm.Sendrecv(big, victim, np.empty_like(big),
                                               source=victim),
     }[name]
+
+
+def _traffic_report(comm):
+    """What this process sent to and received from each member, what is pending, and
+    the first message UCX holds unmatched: printed when a case times out (a message
+    sent but never received shows here), also to ``$ELASTIC_DIAG_DIR/diag.PID`` when
+    that is set (the test shows only the output's tail)."""
+    t = comm._group.transport
+    d = os.environ.get("ELASTIC_DIAG_DIR")
+    out = open(f"{d}/diag.{os.getpid()}", "w") if d else None
+    print(f"PENDING rank {comm.rank}: requests, probes, kept = {t._eng.counts()}", flush=True,
+          file=out)
+    try:
+        eng = t._eng
+        from ucxcomm import tags
+        got = eng.probe(0, 0)
+        where = f"context {got[0] >> 44}, (source, tag) {tags.split_tag(got[0])}" if got else ""
+        print(f"PROBE-ANY rank {comm.rank}: {got} {where}", file=out, flush=True)
+        for g in list(comm._group.world.groups):
+            print(f"GROUP rank {comm.rank}: cid {g.cid} members {g.members} "
+                  f"seq {getattr(g, 'last_seq', None)}", file=out, flush=True)
+    except Exception as exc:
+        print(f"PROBE-ERR {exc!r}", file=out, flush=True)
+    for m in comm._group.members:
+        got = t.traffic(m)
+        if got is None:
+            continue
+        s, rv = got["sent"], got["received"]
+        print(f"TRAFFIC rank {comm.rank} peer {m}: sent {s['messages']} msgs "
+              f"{s['bytes']} B, received {rv['messages']} msgs {rv['bytes']} B "
+              f"(unexpected {rv['unexpected']['messages']})", flush=True, file=out)
+    if out is not None:
+        out.close()
 
 
 async def _kill_case(comm, name):
@@ -393,7 +442,11 @@ KILL_CASES = ["recv", "recv_any", "send_big", "sendrecv_big", "irecv", "allreduc
 
 def _register(name):
     async def fn(comm):
-        return await _kill_case(comm, name)
+        try:
+            return await _kill_case(comm, name)
+        except TimeoutError:
+            _traffic_report(comm)
+            raise
     fn.__name__ = f"kill_{name}" if not name.startswith("kill_") else name
     case(fn)
 

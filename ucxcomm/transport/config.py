@@ -329,6 +329,15 @@ def plan(policy: Policy, det: Detection, env: Mapping[str, str] | None = None) -
                            "; ".join(why_no_rdma) + ")")
     if policy.devices:
         put("NET_DEVICES", ",".join(policy.devices), "devices=...")
+    # UCX's default resolves an endpoint's remote id lazily, at the first message that
+    # needs it (a rendezvous): the peer then writes a reply into this process's
+    # shared-memory FIFO, and a peer killed in that write leaves the FIFO stuck for good
+    # (UCX's mm transport cannot skip a slot its writer claimed but never finished):
+    # nothing more reaches this process over shared memory. Resolved when the endpoint
+    # is made (at init), no such write comes later (tests/test_elastic.py).
+    put("RESOLVE_REMOTE_EP_ID", "y", "endpoints finish their handshake when made, so "
+        "no peer writes a late handshake reply (a peer killed mid-write wedges a "
+        "shared-memory FIFO)")
 
     # Hardware tag matching.
     capable = [(p, *tag_matching(p)) for p in active] if out.rdma else []
