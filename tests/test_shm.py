@@ -4,11 +4,13 @@ jobs (tests/spmd/shm_cases.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from ucxcomm.comm.small import DONE
 from ucxcomm.testing import run_case
 
 SHM_CASES = Path(__file__).resolve().parent / "spmd" / "shm_cases.py"
@@ -288,3 +290,127 @@ def test_a_late_root_times_out():
 @pytest.mark.parametrize("name", ["every_collective_every_size", "rooted_collectives"])
 def test_checks_off_or_no_single_copy(name, env):
     run_case(SHM_CASES, name, 3, env=env)
+
+
+@pytest.mark.parametrize("env", [{}, {"UCXCOMM_CHECK_COLLECTIVES": "0"}])
+def test_overlapping_calls(env):
+    """Non-blocking engine calls of every kind posted back to back, blocking ones from
+    concurrent tasks: one at a time on the engine, in call order (2-slot rings)."""
+    run_case(SHM_CASES, "overlapping_calls", 3,
+             env={"UCXCOMM_SHM_SLOT": "4096", "UCXCOMM_SHM_SLOTS": "2", **env})
+
+
+class _Recorder:
+    def start(self, *args):
+        return 0
+
+    def end(self, token):
+        pass
+
+
+class _Transport:
+    def spin_policy(self):
+        return 0.0, False
+
+    def is_dead(self, member):
+        return False
+
+
+class _Group:
+    """What NodeShm needs of a communicator's group: member ``rank`` of ``p`` (every
+    member of one test in this process, over real segments under /dev/shm)."""
+
+    def __init__(self, p, rank, salt):
+        self.transport = _Transport()
+        self.size, self.rank, self.cid = p, rank, 1
+        self.members, self.lives = list(range(p)), [0] * p
+        self.seq_wraps, self.closed = 0, False
+        self.world = type("W", (), {})()
+        self.world.addresses = [b"in-process-%s-%d" % (salt.encode(), k) for k in range(p)]
+        self.world.rank, self.world.recorder, self.world.dead_reason = rank, _Recorder(), {}
+
+    def check_open(self):
+        pass
+
+
+@pytest.fixture
+def engines(monkeypatch, request):
+    """Three members' NodeShm (checks off: no network), 2-slot rings of 4 KiB."""
+    from ucxcomm.comm.shm import NodeShm
+
+    monkeypatch.setenv("UCXCOMM_SHM_SLOT", str(SLOT))
+    monkeypatch.setenv("UCXCOMM_SHM_SLOTS", str(NSLOTS))
+    salt = f"{request.node.name}-{id(request)}"
+    shms = [NodeShm(_Group(3, r, salt)) for r in range(3)]
+    assert all(sh.ready() for sh in shms)
+    yield shms
+    for sh in shms:
+        sh.close()
+
+
+def _bcast(sh, seq, root, salt):
+    """Member ``sh``'s Bcast number ``seq`` from ``root`` (three rings' worth of int64):
+    what to await (None: done at once), its buffer, the data it must end with."""
+    n = 3 * SLOT * NSLOTS // 8 + 5
+    want = np.arange(n, dtype=np.int64) * 3 + 1000 * salt
+    buf = want.copy() if sh.rank == root else np.full(n, -1, np.int64)
+    res = sh.start("Bcast", seq, None, buf, buf, n * 8, root)
+    return (None if res is DONE else res), buf, want
+
+
+async def _all(awaitables):
+    return await asyncio.wait_for(asyncio.gather(*(a for a in awaitables if a is not None)),
+                                  20)
+
+
+async def test_overlapping_calls_take_turns(engines):
+    """Calls started back to back on every member, before any is awaited: each
+    member's second and third wait for its first (they would share its piece counter,
+    slots and records), then run in call order; all data right, the line empty after."""
+    calls = [[_bcast(sh, seq, seq % 3, seq) for seq in range(3)] for sh in engines]
+    for sh in engines:
+        assert sh._busy is not None and len(sh._line) == 2
+    await _all(c[0] for mine in calls for c in mine)
+    for mine in calls:
+        for _, buf, want in mine:
+            assert np.array_equal(buf, want)
+    for sh in engines:
+        assert sh._busy is None and not sh._line
+
+
+@pytest.mark.parametrize("how", ["cancelled in line", "holder cancelled",
+                                 "holder never ran"])
+async def test_a_call_that_gives_up_hands_the_engine_on(engines, how):
+    """Member 0 gives up a call (its task cancelled while it waits in line or on the
+    engine, or before it ever ran: its coroutine dropped unstarted): the call behind it
+    still runs. (The other members never make the call given up: they skip its
+    sequence number.)"""
+    m0, others = engines[0], engines[1:]
+    first = _bcast(m0, 0, 0, 0)
+    if how == "cancelled in line":
+        task = asyncio.ensure_future(_bcast(m0, 1, 0, 1)[0])
+        await asyncio.sleep(0)  # (it waits in line)
+        task.cancel()
+        await asyncio.sleep(0)
+        assert task.cancelled()
+    calls = [_bcast(m0, 2, 0, 2)]
+    if how == "cancelled in line":
+        calls.append(first)
+        for sh in others:
+            calls += [_bcast(sh, 0, 0, 0), _bcast(sh, 2, 0, 2)]
+    else:
+        if how == "holder cancelled":
+            task = asyncio.ensure_future(first[0])
+            await asyncio.sleep(0.01)  # (its pieces fill its ring: it waits for readers)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            first[0].close()  # (what a task cancelled before its first step leaves)
+            first = None
+        calls += [_bcast(sh, 2, 0, 2) for sh in others]
+    await _all(c[0] for c in calls)
+    for _, buf, want in calls:
+        assert np.array_equal(buf, want)
+    for sh in engines:
+        assert sh._busy is None and not sh._line

@@ -32,6 +32,11 @@ is written. A rank that finds the mismatch publishes its verdict in its record, 
 members that cannot see the other path's message. When the only difference was a rank
 without the engine, every member stops using it for that communicator.
 
+**One at a time.** A communicator's calls take the engine one after the other on each
+rank, in call order: one that arrives while another is in flight here (a non-blocking
+collective, or blocking ones from concurrent tasks) waits behind it (see
+:meth:`NodeShm.start`). They share the rank's pieces, slots and records.
+
 **Failures.** A waiting call spins for ``UCXCOMM_SPIN_US`` and then polls from the
 event loop, where it notices a dead member (``PeerFailure``), a revoked or closed
 communicator, and ``timeout=``.
@@ -40,6 +45,7 @@ communicator, and ``timeout=``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import hashlib
 import logging
@@ -97,6 +103,19 @@ def _unlink(path: str | None) -> None:
             pass
 
 
+class _Turn:
+    """An engine call of one communicator that is in flight or waits for its turn (see
+    :meth:`NodeShm.start`): ``fut`` (a call that waits) gets its result when the turn
+    comes; ``ref`` names the call's coroutine weakly (one dropped before it ever ran,
+    a task cancelled before it started, gives its turn up)."""
+
+    __slots__ = ("fut", "ref")
+
+    def __init__(self, fut: asyncio.Future | None = None) -> None:
+        self.fut = fut
+        self.ref: Any = None
+
+
 class NodeShm:
     """The shared-memory collectives of one communicator (see the module docstring).
     :meth:`usable` says whether the engine serves it at all."""
@@ -132,6 +151,10 @@ class NodeShm:
         self._yield = spin_yield
         #: Ranks outnumber cores here (spinners yield: ``UCXCOMM_SPIN_YIELD``).
         self.crowded = spin_yield
+        # The engine call in flight here (None: none) and the calls waiting behind it,
+        # in call order (see start()).
+        self._busy: _Turn | None = None
+        self._line: collections.deque[_Turn] = collections.deque()
 
     @staticmethod
     def usable(group: Group) -> bool:
@@ -253,9 +276,20 @@ class NodeShm:
               ) -> Awaitable[None]:
         """Start collective ``what`` (arguments checked, sequence number ``seq`` taken)
         here: DONE when it finished in the call, else an awaitable for the rest, once
-        :meth:`ready` was True."""
+        :meth:`ready` was True.
+
+        One call at a time: the engine's calls of a communicator share this rank's
+        piece counter, slots and records, and a call acknowledges the ones before it
+        as it starts (the rule that frees a slot relies on that). While a call is in
+        flight here (a non-blocking collective, or blocking ones from concurrent tasks),
+        a new one waits behind it and starts once every call before it finished or
+        gave up: in call order, which is sequence-number order on every rank. With none
+        in flight nothing is added to the call."""
         g = self._group
         gen = ((g.seq_wraps - (seq == TAG_UB)) << TAG_BITS | seq) + 1
+        if self._busy is not None:
+            return self._queue(gen, what, seq, fp,
+                               (send, recv, n, root, kernel, ufunc, direct))
         call = self._Call(self._node, gen, what, fp, send, recv, n, root, kernel, ufunc,
                           direct)
         if not self._mapped:
@@ -271,7 +305,69 @@ class NodeShm:
             return DONE
         if st == 4:
             self._truncated(call, what)
-        return self._rest(call, what, seq, fp)
+        turn = self._busy = _Turn()
+        rest = self._rest(call, what, seq, fp, turn)
+        turn.ref = weakref.ref(rest, self._dropped)
+        return rest
+
+    def _queue(self, gen: int, what: str, seq: int, fp: bytes | None,
+               args: tuple[Any, ...]) -> Awaitable[None]:
+        """The call behind the one in flight: its place in the line, taken now (in call
+        order), and what runs it when its turn comes."""
+        turn = _Turn(asyncio.get_running_loop().create_future())
+        coro = self._queued(turn, gen, what, seq, fp, args)
+        turn.ref = weakref.ref(coro, self._dropped)
+        self._line.append(turn)
+        return coro
+
+    async def _queued(self, turn: _Turn, gen: int, what: str, seq: int, fp: bytes | None,
+                      args: tuple[Any, ...]) -> None:
+        assert turn.fut is not None
+        try:
+            try:
+                await turn.fut
+            except asyncio.CancelledError:  # (given up before it reached the engine)
+                self._gave_up(what, seq, fp, [k for k in range(self.size) if k != self.rank])
+                raise
+            self._check_failed(what)  # (what ended the call before it, if anything)
+            call = self._Call(self._node, gen, what, fp, *args)
+            if not self._mapped:
+                self._attach()
+            st = call.advance(self._budget_ns)
+            if st == 0:  # (its flight record: the caller's, as it waited)
+                if self._own_path is not None:
+                    self._unlink_own()
+                return
+            if st == 4:
+                self._truncated(call, what)
+            await self._rest(call, what, seq, fp, None)
+        finally:
+            self._release(turn)
+
+    def _release(self, turn: _Turn) -> None:
+        """``turn``'s call finished or gave up: the next live call in line starts."""
+        if self._busy is not turn:
+            return  # (it gave up while in line: the turn it waited for is skipped)
+        self._busy = None
+        line = self._line
+        while line:
+            nxt = line.popleft()
+            assert nxt.fut is not None
+            if nxt.fut.done() or nxt.ref() is None:
+                continue  # (cancelled in line, or dropped before it ever ran)
+            self._busy = nxt
+            nxt.fut.set_result(None)
+            return
+
+    def _dropped(self, ref: Any) -> None:
+        """(A weak reference's callback) a call's coroutine went away: the one in
+        flight never ran (its task was cancelled before it started) or finished."""
+        turn = self._busy
+        if turn is not None and turn.ref is ref:
+            try:
+                self._release(turn)
+            except RuntimeError:  # (the event loop is closed: nothing waits any more)
+                pass
 
     def _unlink_own(self) -> None:
         """Once every member has mapped every segment, unlink every segment's name (the
@@ -291,8 +387,11 @@ class NodeShm:
                 reason = world.dead_reason.get(m, f"rank {m} is gone")
                 raise PeerFailure(f"{what}: {reason}", peer=m)
 
-    async def _rest(self, call: Any, what: str, seq: int, fp: bytes | None) -> None:
-        """Finish ``call`` from the event loop (see :meth:`_wait`)."""
+    async def _rest(self, call: Any, what: str, seq: int, fp: bytes | None,
+                    turn: _Turn | None) -> None:
+        """Finish ``call`` from the event loop (see :meth:`_wait`), then hand the engine
+        to the next call in line (``turn``: the call's own place there, None when its
+        caller hands it on)."""
         answered: set[int] = set()
         got: dict[int, bytes] = {}
         try:
@@ -301,14 +400,25 @@ class NodeShm:
             # Given up (timeout=, cancelled) before the records were in: a member on a
             # network path that waits for this rank's first message gets it (it raises
             # instead of hanging; this communicator is out of step anyway).
-            if fp is not None and not call.verified:
-                ch = Chan(self._group, seq, what)
-                for k in call.missing():
-                    if k not in answered and k not in got:
-                        fut = ch.send(k, self._transport.send_ptr(fp))
-                        if fut is not None:
-                            fut.add_done_callback(_retrieve)
+            if not call.verified:
+                self._gave_up(what, seq, fp, [k for k in call.missing()
+                                              if k not in answered and k not in got])
             raise
+        finally:
+            if turn is not None:
+                self._release(turn)
+
+    def _gave_up(self, what: str, seq: int, fp: bytes | None, members: list[int]) -> None:
+        """This rank gave up call ``seq`` before every record was in: send ``members``
+        its fingerprint (with the checks on), the first message a member on a network
+        path waits for."""
+        if fp is None or self._group.closed:
+            return
+        ch = Chan(self._group, seq, what)
+        for k in members:
+            fut = ch.send(k, self._transport.send_ptr(fp))
+            if fut is not None:
+                fut.add_done_callback(_retrieve)
 
     async def _wait(self, call: Any, what: str, seq: int, fp: bytes | None,
                     got: dict[int, bytes], answered: set[int]) -> None:
