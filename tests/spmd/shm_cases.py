@@ -424,6 +424,10 @@ async def overlapping_calls(comm):
             assert res is None, (it, name, res)
             if want is not None:
                 assert np.array_equal(buf, want), (it, name)
+        # Each posted call's flight record names its own sequence number (they were
+        # read as its task started: the last call's, after every call was posted).
+        seqs = [o.seq for o in comm.trace() if o.seq >= 0]
+        assert len(seqs) == len(set(seqs)), seqs
         # Blocking calls from concurrent tasks (every rank starts them in the same order).
         g1 = _data(2, n, np.float64, s + 9) if r == 2 else np.full(n, -1.0)
         g2 = np.full(n * p, -1.0)

@@ -384,18 +384,24 @@ class Collectives:
     def _request(coro: Awaitable[Any]) -> Request:
         return Request(asyncio.ensure_future(coro))
 
-    async def _traced(self, res: Any, what: str, root: Any = None, posted: bool = False,
-                      seq: int | None = None) -> Any:
+    def _traced(self, res: Any, what: str, root: Any = None, posted: bool = False,
+                seq: int | None = None) -> Awaitable[Any]:
         """Await ``res``, collective ``what``'s rest (or DONE: the compiled call
         finished and recorded it), with its flight record (``comm/trace.py``): ``seq``
-        defaults to the sequence number the call just took."""
+        defaults to the sequence number the call just took, read now (a posted call's
+        task starts later, maybe after further calls took theirs)."""
+        return self._traced_wait(res, what, root, posted,
+                                 self._group.last_seq if seq is None else seq)
+
+    async def _traced_wait(self, res: Any, what: str, root: Any, posted: bool,
+                           seq: int) -> Any:
         if res is DONE:
             return None
         g = self._group
         rec = g.world.recorder
         peer = root if type(root) is int and 0 <= root < self.size else -2
         token = rec.start(what, trace.POSTED if posted else trace.WAITING, g.cid, self.rank,
-                          self.size, g.last_seq if seq is None else seq, peer,
+                          self.size, seq, peer,
                           g.members[peer] if peer >= 0 else -2)
         try:  # (inline, not trace.follow: one coroutine less on every call that waits)
             out = await res
