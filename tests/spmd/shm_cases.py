@@ -453,6 +453,25 @@ async def overlapping_calls(comm):
         assert res[1] is None, res
         assert np.array_equal(out, np.concatenate([_data(k, n, np.float64, 7)
                                                    for k in range(p)]))
+        # A mismatch across paths found by a call that waited in line: rank 1's Bcast
+        # takes the small path (8 KiB) while the others' waits behind an Allgather.
+        first = np.full(n * p, -1.0)
+        q0 = comm.Iallgather(_data(r, n, np.float64, 8), first)
+        m = 1024 if r == 1 else 2048
+        other = np.full(m, -7.0) if r else np.ones(m)
+        q1 = comm.Ibcast(other, root=0)
+        last = np.full(n * p, -1.0)
+        q2 = comm.Iallgather(_data(r, n, np.float64, 9), last)
+        res = await _settle([q0, q1, q2])
+        assert res[0] is None and res[2] is None, res
+        assert isinstance(res[1], ucxcomm.CollectiveMismatch), res
+        assert "Bcast(float64[1024]" in str(res[1]) and "Bcast(float64[2048]" in str(res[1])
+        if r:
+            assert (other == -7.0).all()
+        assert np.array_equal(first, np.concatenate([_data(k, n, np.float64, 8)
+                                                     for k in range(p)]))
+        assert np.array_equal(last, np.concatenate([_data(k, n, np.float64, 9)
+                                                    for k in range(p)]))
     _engine(comm)
 
 

@@ -4,7 +4,8 @@
 Each rank of a communicator whose ranks all run on one host owns one segment (a file
 under ``/dev/shm`` that every member maps): a header, a ring of arrival records and a
 ring of data slots. A collective call is one :class:`Call`, advanced by
-:meth:`Call.advance` until it is done:
+:meth:`Call.advance` until it is done; a rank has at most one Call of a Node under way
+(``comm/shm.py`` queues the others):
 
 * **record**: the rank writes its record (the call's fingerprint, the first step of its
   pieces and how many it writes) into the ring entry of the call's generation, once
@@ -392,7 +393,10 @@ cdef class Call:
         for single-copy mode (the copying collectives: each reader copies straight
         out of the writer's buffer with ``process_vm_readv``, and the writer returns
         once every reader is done; taken when every member asks and can). Acknowledges
-        every record before ``gen`` (this rank is past those calls)."""
+        every record before ``gen`` (this rank is past those calls: a rank makes one
+        Call at a time per Node, :meth:`ucxcomm.comm.shm.NodeShm.start` holding later
+        ones back until it is over, for the Calls share ``pieces``, the slots and the
+        records)."""
         cdef int p = node.size, r = node.rank, k
         self.check = fp is not None
         self.fp = fp if self.check else b""
