@@ -328,9 +328,13 @@ class Collectives:
                                                     recv.dtype, count)
         kernel = 0
         if op is not None:
-            from . import _fast
+            kernel = sh.kernels.get((op, recv.dtype), -1)
+            if kernel < 0:
+                from . import _fast
 
-            kernel = _fast.native_kernel(op, recv.dtype)[0]
+                if len(sh.kernels) > 64:
+                    sh.kernels.clear()
+                kernel = sh.kernels[op, recv.dtype] = _fast.native_kernel(op, recv.dtype)[0]
         self._check_open()
         return sh.start(what, self._next_seq(), fp, send, recv, n, root, kernel, ufunc,
                         nbytes >= alg.TUNING["shm_direct_min"])

@@ -144,6 +144,9 @@ class NodeShm:
         self.mins = {k: 0 if k in _SMALL_TOO else SMALL_MAX for k in KINDS}
         #: This rank's fingerprints of recent calls, by their arguments.
         self.fps: dict[tuple[Any, ...], bytes] = {}
+        #: The compiled fold of each recent ``(op, dtype)`` (``_fast.native_kernel``'s
+        #: number; 0: the numpy ufunc), looked up once.
+        self.kernels: dict[tuple[Any, Any], int] = {}
         #: Why the engine is off for this communicator (None: on).
         self.off: str | None = None
         spin_s, spin_yield = self._transport.spin_policy()
