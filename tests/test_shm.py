@@ -159,6 +159,67 @@ def test_single_copy_mode_reads_the_writers_buffers():
     assert all(node.pieces > 0 for node in nodes)  # (the slots this time)
 
 
+@pytest.mark.parametrize("p", [2, 3])
+def test_pushed_shares(p):
+    """Single-copy mode, messages from ``push_min``: a Bcast root and a Gather's other
+    members write a share of their readers' bytes into the readers' buffers
+    (process_vm_writev; here one process, so into our own memory) while the readers
+    read the rest: the results are the same bytes, and the pushers say how much they
+    pushed (a Scatter root pushes nothing). A member that does not ask (push_min 0)
+    keeps every call read-only. Checks off, a reader whose buffer is shorter gets
+    nothing pushed."""
+    nodes, _ = _members(p)
+    for node in nodes:
+        assert node.probe_direct()
+        node.push_min = 1 << 16
+    n = (1 << 17) + 8 * 3  # (a split that is not a multiple of 64 bytes)
+    gen = 0
+
+    def run(kind, root, send, recv, fp=b"fp", nb=None):
+        nonlocal gen
+        gen += 1
+        calls = [_shm.Call(nodes[r], gen, kind, fp, send[r], recv[r],
+                           n if nb is None else nb[r], root, 0, None, True)
+                 for r in range(p)]
+        return _drive(calls)
+
+    for root in range(p):
+        bufs = [np.arange(n, dtype=np.uint8) * 3 + 1 if r == root else np.zeros(n, np.uint8)
+                for r in range(p)]
+        assert run("Bcast", root, bufs, bufs) == [_shm.DONE] * p
+        assert all(np.array_equal(b, bufs[root]) for b in bufs)
+        src = [np.arange(n * p, dtype=np.uint8) * 5 + r for r in range(p)]
+        got = [np.zeros(n, np.uint8) for _ in range(p)]
+        assert run("Scatter", root, src, got) == [_shm.DONE] * p
+        assert all(np.array_equal(got[r], src[root][r * n:(r + 1) * n]) for r in range(p))
+        blk = [np.arange(n, dtype=np.uint8) * 7 + r for r in range(p)]
+        out = [np.zeros(n * p, np.uint8) for _ in range(p)]
+        assert run("Gather", root, blk, out) == [_shm.DONE] * p
+        assert np.array_equal(out[root], np.concatenate(blk))
+    assert all(node.pushed > 0 for node in nodes)
+    assert all(node.pieces == 0 for node in nodes)  # (nothing through the slots)
+    before = [node.pushed for node in nodes]
+    src = [np.arange(n * p, dtype=np.uint8) + r for r in range(p)]
+    got = [np.zeros(n, np.uint8) for _ in range(p)]
+    assert run("Scatter", 0, src, got) == [_shm.DONE] * p
+    assert all(np.array_equal(got[r], src[0][r * n:(r + 1) * n]) for r in range(p))
+    assert [node.pushed for node in nodes] == before
+    # One member that does not ask: nobody pushes.
+    before = [node.pushed for node in nodes]
+    nodes[p - 1].push_min = 0
+    bufs = [np.full(n, 9, np.uint8) if r == 0 else np.zeros(n, np.uint8) for r in range(p)]
+    assert run("Bcast", 0, bufs, bufs) == [_shm.DONE] * p
+    assert all(np.array_equal(b, bufs[0]) for b in bufs)
+    assert [node.pushed for node in nodes] == before
+    # Checks off, a shorter reader: truncated, nothing written into it.
+    nodes[p - 1].push_min = 1 << 16
+    bufs = [np.full(n, 4, np.uint8)] + [np.zeros(n - 4096, np.uint8) for _ in range(p - 1)]
+    got = run("Bcast", 0, bufs, bufs, fp=None, nb=[n] + [n - 4096] * (p - 1))
+    assert got == [_shm.DONE] + [_shm.TRUNCATED] * (p - 1)
+    assert not any(b.any() for b in bufs[1:])
+    assert [node.pushed for node in nodes] == before
+
+
 def test_differing_fingerprints_stop_before_any_write():
     nodes, _ = _members(2)
     bufs = [np.arange(8192, dtype=np.uint8), np.zeros(8192, np.uint8)]

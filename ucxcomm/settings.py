@@ -177,6 +177,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "the shared-memory engine's single-copy mode: readers copy straight out of "
             "the writer's buffer (process_vm_readv, where ptrace permission allows it); "
             "no: every byte goes through the segments"),
+    Setting("UCXCOMM_SHM_PUSH", _yes_no, True,
+            "single-copy mode, Bcast and Gather from 64 KiB a message: the writer "
+            "copies a share of each reader's bytes into the reader's buffer "
+            "(process_vm_writev) while the reader copies the rest; no: readers copy "
+            "everything"),
     Setting("UCXCOMM_SHM_SLOT", _shm_slot, 131072,
             "bytes of one slot of the shared-memory engine's ring (4096-16777216, a "
             "multiple of 4096; the same on every rank)"),

@@ -63,6 +63,9 @@ cdef extern from "<sys/uio.h>":
     ssize_t process_vm_readv(int pid, const iovec *local, unsigned long liovcnt,
                              const iovec *remote, unsigned long riovcnt,
                              unsigned long flags) nogil
+    ssize_t process_vm_writev(int pid, const iovec *local, unsigned long liovcnt,
+                              const iovec *remote, unsigned long riovcnt,
+                              unsigned long flags) nogil
 
 cdef extern from "<errno.h>":
     int errno
@@ -88,6 +91,8 @@ cdef enum:
     OFF_CONSUMED = 1024  # + 64 k: pieces of member k this rank has consumed (32 words)
     OFF_DDONE = 3072     # + 64 k: the last call whose data this rank read from member
                          # k's own buffer (single-copy mode; 32 words)
+    OFF_DPUSH = 5120     # + 64 k: the last call whose share this rank wrote straight
+                         # into member k's buffer (single-copy mode, pushed; 32 words)
     OFF_RECS = 8192
     NREC = 4
     REC_BYTES = 2048
@@ -99,6 +104,8 @@ cdef enum:
     REC_OFF = 56         # with a verdict: 1 when every member stops using the engine
     REC_DIRECT = 64      # 1: the rank asks for single-copy mode (and can read others)
     REC_ADDR = 72        # single-copy mode: where its data is, in its address space
+    REC_RADDR = 80       # single-copy mode: where its output goes (a writer pushes there)
+    REC_PUSH = 88        # 1: the rank asks that writers push a share (see Call._split)
     REC_ABORT = 24       # generation whose verdict follows (written after the text)
     REC_TEXTLEN = 32
     REC_FP = 128
@@ -170,6 +177,11 @@ cdef class Node:
     cdef list owners
     cdef readonly uint64_t pieces      # pieces this rank has written (its written word)
     cdef public bint spin_yield
+    #: Bytes a message needs (single-copy mode, Bcast, Scatter and Gather) before this
+    #: rank asks writers to push a share of it (see Call._split; 0: never).
+    cdef public Py_ssize_t push_min
+    #: Bytes this rank has pushed into its readers' buffers (for tests and diagnostics).
+    cdef readonly uint64_t pushed
     # Of the piece in each of this rank's slots: the members that read it (a bit each)
     # and its call's generation. The slot comes free once those members consumed it or
     # finished that call, whoever reads the next piece (see Call._free).
@@ -199,6 +211,8 @@ cdef class Node:
         self.owners = [None] * size
         self.pieces = 0
         self.spin_yield = False
+        self.push_min = 0
+        self.pushed = 0
         self._hold(rank, own, True)
         cdef char *b = self.bases[rank]
         word(b, OFF_RANK)[0] = rank
@@ -369,7 +383,7 @@ cdef class Call:
     cdef uint64_t readers
     cdef readonly int stage          # 0: record not written, 1: under way, 2: done
     cdef readonly bint verified
-    cdef bint differ, truncated, want_direct, direct, deferred
+    cdef bint differ, truncated, want_direct, direct, deferred, want_push, push, pushed
     cdef uint64_t dmask
     cdef uint64_t mine_steps, tw, tr, base, have_rec, need_rec, full_mask, writers
     cdef uint64_t kbase[MAXP]
@@ -465,6 +479,12 @@ cdef class Call:
             self.need_rec = self.full_mask  # (the mode is every member's choice)
         self.deferred = self.want_direct  # (no pieces before the mode is known)
         self.direct = False
+        # Pushed shares: where the writers would otherwise wait idle for their readers
+        # (a Bcast root, a Gather's others; a Scatter root copies its own block
+        # meanwhile, as long as each reader's read: nothing to even out there).
+        self.want_push = (self.want_direct and node.push_min > 0 and n >= node.push_min
+                          and (self.kind == K_BCAST or self.kind == K_GATHER))
+        self.push = self.pushed = False
         self.dmask = 0
         self.need_rec &= ~(<uint64_t>1 << r)
         self.have_rec = 0
@@ -568,6 +588,8 @@ cdef class Call:
         word(rec, REC_BASE)[0] = self.base
         word(rec, REC_NBYTES)[0] = self.n
         word(rec, REC_DIRECT)[0] = self.want_direct
+        word(rec, REC_PUSH)[0] = self.want_push
+        word(rec, REC_RADDR)[0] = <uint64_t><size_t>self.recv
         word(rec, REC_ADDR)[0] = <uint64_t><size_t>(self.recv if self.kind == K_BCAST else self.send)
         st(<unsigned long long *>word(rec, REC_GEN), self.gen)
         return True
@@ -684,10 +706,16 @@ cdef class Call:
             self.ksteps[r] = self.mine_steps
         if self.want_direct:
             self.direct = True
+            self.push = self.want_push
             for k in range(p):
-                if k != r and not word(node.bases[k] + OFF_RECS + (self.gen % NREC) * REC_BYTES,
-                                       REC_DIRECT)[0]:
+                if k == r:
+                    continue
+                theirs = node.bases[k] + OFF_RECS + (self.gen % NREC) * REC_BYTES
+                if not word(theirs, REC_DIRECT)[0]:
                     self.direct = False
+                if not word(theirs, REC_PUSH)[0]:
+                    self.push = False  # (every member's choice, as the mode is)
+            self.push = self.push and self.direct
             self.deferred = False
             if self.direct:
                 self.mine_steps = 0
@@ -762,8 +790,10 @@ cdef class Call:
         return BLOCKED if blocked else DONE
 
     cdef int _direct(self) except -1:
-        """Single-copy mode: read every writer's data straight out of its buffer, then
-        wait until every reader of this rank's buffer is done with it."""
+        """Single-copy mode: read every writer's data straight out of its buffer (with
+        pushed shares: the part the writer does not write here itself), push this
+        writer's shares into its readers' buffers, then wait until every reader of this
+        rank's buffer is done with it and every share pushed here has come."""
         cdef Node node = self.node
         cdef int k, p = node.size, r = node.rank
         cdef char *rec
@@ -790,36 +820,103 @@ cdef class Call:
                 off = <uint64_t>r * theirs_n
             if <uint64_t>ln > theirs_n:
                 ln = theirs_n
+            if self.push:
+                ln = self._split(ln)  # (the writer pushes the rest)
             if not self.truncated and ln > 0:
-                self._cma(<int>word(node.bases[k], OFF_PID)[0], dst, addr + off, ln, k)
+                self._cma(<int>word(node.bases[k], OFF_PID)[0], dst, addr + off, ln, k,
+                          False)
             self.dmask |= <uint64_t>1 << k
             st(<unsigned long long *>word(mine, OFF_DDONE + 64 * k), self.gen)
+        if self.writes and self.push and not self.pushed:
+            self._push_all()
+            self.pushed = True
         if self.writes:  # (this rank's buffer stays as it is until its readers are done)
             for k in range(p):
                 if (self.readers >> k) & 1 and ld(<unsigned long long *>word(
                         node.bases[k], OFF_DDONE + 64 * r)) < self.gen:
                     return BLOCKED
+        if self.reads and self.push:  # (the shares the writers push here)
+            for k in range(p):
+                if (k != r and (self.writers >> k) & 1 and ld(<unsigned long long *>word(
+                        node.bases[k], OFF_DPUSH + 64 * r)) < self.gen):
+                    return BLOCKED
         return DONE
 
-    cdef int _cma(self, int pid, char *dst, uint64_t addr, Py_ssize_t ln, int k) except -1:
+    cdef inline Py_ssize_t _split(self, Py_ssize_t rn) noexcept:
+        """Of a reader's ``rn`` bytes from one writer (pushed shares), the first ones,
+        which the reader copies itself; the writer writes the rest into the reader's
+        buffer meanwhile. Shares that even out the bytes each process copies: a Bcast
+        root pushes 1/p of every reader's bytes (it has p - 1 readers, each reading the
+        rest); a Gather writer pushes its whole block (its one reader copies its own
+        block meanwhile, as long as a writer's push). A share under 4 KiB is not
+        pushed. Both sides compute it from ``rn`` alone."""
+        cdef Py_ssize_t p = self.node.size, h
+        if self.kind == K_GATHER:
+            h = 0
+        else:
+            h = (rn - rn // p) & ~(<Py_ssize_t>63)
+        return rn if rn - h < 4096 else h
+
+    cdef int _push_all(self) except -1:
+        """Push this writer's share of every reader's bytes into the reader's buffer
+        (``process_vm_writev``), then say so (``OFF_DPUSH``); a reader whose buffer is
+        shorter than this rank's message (checks off: it raises TruncationError) gets
+        nothing, only the word."""
+        cdef Node node = self.node
+        cdef int k, p = node.size, r = node.rank
+        cdef char *rec
+        cdef char *mine = node.bases[r]
+        cdef char *src
+        cdef uint64_t raddr, kn
+        cdef Py_ssize_t h, rn = self.n
+        for k in range(p):
+            if not (self.readers >> k) & 1:
+                continue
+            rec = node.bases[k] + OFF_RECS + (self.gen % NREC) * REC_BYTES
+            kn = word(rec, REC_NBYTES)[0]
+            raddr = word(rec, REC_RADDR)[0]
+            if kn >= <uint64_t>rn and rn > 0:
+                h = self._split(rn)
+                if self.kind == K_BCAST:
+                    src = self.recv
+                else:  # Gather: into the root's block of this rank
+                    src = self.send
+                    raddr += <uint64_t>r * kn
+                if rn > h:
+                    self._cma(<int>word(node.bases[k], OFF_PID)[0], src + h, raddr + h,
+                              rn - h, k, True)
+                    node.pushed += <uint64_t>(rn - h)
+            st(<unsigned long long *>word(mine, OFF_DPUSH + 64 * k), self.gen)
+        return 0
+
+    cdef int _cma(self, int pid, char *buf, uint64_t addr, Py_ssize_t ln, int k,
+                  bint push) except -1:
+        """Copy ``ln`` bytes between ``buf`` here and ``addr`` in member ``k``'s address
+        space (process ``pid``): read them (``process_vm_readv``), or write them there
+        (``push``: ``process_vm_writev``)."""
         cdef iovec local, remote
         cdef ssize_t got
         cdef int err = 0
         with nogil:
             while ln > 0:
-                local.iov_base = dst
+                local.iov_base = buf
                 local.iov_len = ln
                 remote.iov_base = <void *><size_t>addr
                 remote.iov_len = ln
-                got = process_vm_readv(pid, &local, 1, &remote, 1, 0)
+                if push:
+                    got = process_vm_writev(pid, &local, 1, &remote, 1, 0)
+                else:
+                    got = process_vm_readv(pid, &local, 1, &remote, 1, 0)
                 if got <= 0:
                     err = errno if got < 0 else 5
                     break
-                dst += got
+                buf += got
                 addr += got
                 ln -= got
         if err:
-            raise OSError(err, f"reading member {k}'s buffer (process_vm_readv)")
+            what = "writing into" if push else "reading"
+            call = "process_vm_writev" if push else "process_vm_readv"
+            raise OSError(err, f"{what} member {k}'s buffer ({call})")
         return 0
 
     cdef int _fold_all(self) except -1:

@@ -54,6 +54,10 @@ TUNING = {
     # from here (bytes per message) Bcast, Allgather and Alltoall read straight out of
     # the writer's buffer (process_vm_readv) where every member can
     "shm_direct_min": 32 << 10,
+    # from here (bytes per message, single-copy mode) a Bcast root and a Gather's
+    # other ranks write a share of their readers' bytes into the readers' buffers
+    # (process_vm_writev) while the readers read the rest: both sides copy (0: never)
+    "shm_push_min": 64 << 10,
     # ranks outnumber cores (spinners yield): reductions above this take the ring (the
     # engine's steps in lockstep cost a context switch each: Reduce_scatter_block 64 MiB
     # at 4 ranks on 2 cores took 3.5x MPICH's time)

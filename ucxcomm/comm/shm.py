@@ -61,7 +61,7 @@ from .. import settings
 from ..errors import CollectiveMismatch, PeerFailure, TruncationError
 from ..tags import FULL_MASK, KIND_COLL, TAG_BITS, TAG_UB, make_tag
 from . import fingerprint, trace
-from .algorithms import Chan
+from .algorithms import TUNING, Chan
 from .small import DONE, SMALL_MAX
 
 if TYPE_CHECKING:
@@ -135,6 +135,7 @@ class NodeShm:
         self._Call: Any = None
         self._mapped = False  # every member's segment is mapped here
         self._direct = bool(settings.get("UCXCOMM_SHM_DIRECT"))
+        self._push = bool(settings.get("UCXCOMM_SHM_PUSH"))
         self._maps: list[mmap.mmap | None] = [None] * self.size
         self._own_path: str | None = None  # still linked
         self._finalizer: Any = None
@@ -290,6 +291,8 @@ class NodeShm:
         in flight nothing is added to the call."""
         g = self._group
         gen = ((g.seq_wraps - (seq == TAG_UB)) << TAG_BITS | seq) + 1
+        # (read per call, as TUNING is; each member's own choice: see Call._split)
+        self._node.push_min = TUNING["shm_push_min"] if self._push else 0
         if self._busy is not None:
             return self._queue(gen, what, seq, fp,
                                (send, recv, n, root, kernel, ufunc, direct))
