@@ -20,6 +20,7 @@ trap 'rm -f "$log"' EXIT
 "$@" > "$log" 2>&1 &
 pid=$!
 tail -n +1 -f "$log" --pid "$pid" &
+tailpid=$!
 until grep -q '^READY' "$log"; do
   if ! kill -0 "$pid" 2> /dev/null; then
     wait "$pid"
@@ -42,7 +43,10 @@ case "$mode" in
     wait "$pid"
     rc=$?
     ip link set "${RXE_NETDEV:-eth0}" up
-    sleep 0.5 # (the tail's last lines)
+    # The tail's last lines: it prints them once it sees the rank gone (it looks once a
+    # second), and the phase's verdict greps this output as soon as we exit (a fixed
+    # 0.5 s sleep here lost a rank's PEER-FAILURE line that came right before its exit).
+    wait "$tailpid"
     exit "$rc"
     ;;
 esac
