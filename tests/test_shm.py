@@ -310,6 +310,7 @@ def test_small_slots_wrap_the_ring_many_times(name):
 def test_single_copy_mode_is_used_and_can_be_refused():
     run_case(SHM_CASES, "single_copy_mode", 3)
     run_case(SHM_CASES, "single_copy_mode", 3, env={"UCXCOMM_SHM_DIRECT": "no"})
+    run_case(SHM_CASES, "single_copy_mode", 3, env={"UCXCOMM_SHM_PUSH": "no"})
 
 
 def test_segment_names_are_unlinked_after_the_first_call():
@@ -347,7 +348,8 @@ def test_a_late_root_times_out():
     run_case(SHM_CASES, "a_late_root_times_out", 2)
 
 
-@pytest.mark.parametrize("env", [{"UCXCOMM_CHECK_COLLECTIVES": "0"}, {"UCXCOMM_SHM_DIRECT": "no"}])
+@pytest.mark.parametrize("env", [{"UCXCOMM_CHECK_COLLECTIVES": "0"}, {"UCXCOMM_SHM_DIRECT": "no"},
+                                 {"UCXCOMM_SHM_PUSH": "no"}])
 @pytest.mark.parametrize("name", ["every_collective_every_size", "rooted_collectives"])
 def test_checks_off_or_no_single_copy(name, env):
     run_case(SHM_CASES, name, 3, env=env)

@@ -191,6 +191,10 @@ async def single_copy_mode(comm):
     sh = _engine(comm)
     assert sh._node.direct_ok() is on
     assert (sh._node.pieces == before) is on, (before, sh._node.pieces)
+    # Every rank was a Bcast root of 2 MiB: it pushed its readers' shares, unless
+    # single-copy mode or pushing is off (UCXCOMM_SHM_PUSH=no).
+    push = on and os.environ.get("UCXCOMM_SHM_PUSH", "yes") != "no"
+    assert (sh._node.pushed > 0) is push, (push, sh._node.pushed)
 
 
 @case
