@@ -307,6 +307,11 @@ def test_small_slots_wrap_the_ring_many_times(name):
     run_case(SHM_CASES, name, 3, env={"UCXCOMM_SHM_SLOT": "4096", "UCXCOMM_SHM_SLOTS": "2"})
 
 
+@pytest.mark.parametrize("env", [{}, {"UCXCOMM_CHECK_COLLECTIVES": "0"}])
+def test_lean_and_general_entries_meet(env):
+    run_case(SHM_CASES, "lean_and_general_entries_meet", 3, env=env)
+
+
 def test_single_copy_mode_is_used_and_can_be_refused():
     run_case(SHM_CASES, "single_copy_mode", 3)
     run_case(SHM_CASES, "single_copy_mode", 3, env={"UCXCOMM_SHM_DIRECT": "no"})

@@ -163,6 +163,62 @@ async def rooted_collectives(comm):
 
 
 @case
+async def lean_and_general_entries_meet(comm):
+    """Every engine collective where the even ranks pass plain numpy arrays (the lean
+    entry of comm/collectives.py) and the odd ones memoryviews and 2-D arrays (the
+    general entry): both reach the engine with the same call, and the results are
+    numpy's."""
+    r, p = comm.rank, comm.size
+    odd = r % 2 == 1
+
+    def wrap(a):
+        return memoryview(a) if odd else a
+
+    sh = None
+    for n in (5000, 70001):
+        blk = n
+        src = _data(7, n, np.float64)
+        b = src.copy() if r == 1 else np.zeros(n)
+        await comm.Bcast(wrap(b), root=1, timeout=T)
+        assert np.array_equal(b, src)
+        out = np.zeros(blk * p, np.int32)
+        await comm.Allgather(wrap(_data(r, blk, np.int32)), wrap(out), timeout=T)
+        assert np.array_equal(out, np.concatenate([_data(k, blk, np.int32) for k in range(p)]))
+        send = np.concatenate([_data(r * p + j, blk, np.int64) for j in range(p)])
+        got = np.zeros_like(send)
+        await comm.Alltoall(wrap(send), got.reshape(p, blk) if odd else got, timeout=T)
+        assert np.array_equal(got, np.concatenate([_data(k * p + r, blk, np.int64)
+                                                   for k in range(p)]))
+        x = _data(r, blk * p, np.float32)
+        s = np.zeros(blk * p, np.float32)
+        await comm.Allreduce(wrap(x), wrap(s), timeout=T)
+        ref = sum(_data(k, blk * p, np.float32) for k in range(p))
+        assert np.allclose(s, ref)
+        rs = np.zeros(blk, np.float32)
+        await comm.Reduce_scatter_block(wrap(x), wrap(rs), timeout=T)
+        assert np.allclose(rs, ref[r * blk:(r + 1) * blk])
+        for root in range(p):
+            g = np.zeros(blk * p, np.int32) if r == root else None
+            await comm.Gather(wrap(_data(r, blk, np.int32)), None if g is None else wrap(g),
+                              root=root, timeout=T)
+            if r == root:
+                assert np.array_equal(g, np.concatenate([_data(k, blk, np.int32)
+                                                         for k in range(p)]))
+            sc = _data(root, blk * p, np.int32) if r == root else None
+            mine = np.zeros(blk, np.int32)
+            await comm.Scatter(None if sc is None else wrap(sc), wrap(mine), root=root,
+                               timeout=T)
+            assert np.array_equal(mine, _data(root, blk * p, np.int32)[r * blk:(r + 1) * blk])
+            red = np.zeros(blk, np.float32) if r == root else None
+            await comm.Reduce(wrap(_data(r, blk, np.float32)),
+                              None if red is None else wrap(red), root=root, timeout=T)
+            if r == root:
+                assert np.allclose(red, sum(_data(k, blk, np.float32) for k in range(p)))
+        sh = _engine(comm)
+    assert sh is not None and sh.off is None, "a member left the engine"
+
+
+@case
 async def single_copy_mode(comm):
     """Large Bcast, Allgather and Alltoall read straight out of the writers' buffers
     (no piece through the segments) unless UCXCOMM_SHM_DIRECT=no; the data is right

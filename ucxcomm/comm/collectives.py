@@ -104,6 +104,18 @@ def _ufunc(op: Any, arr: Any) -> Any:
     return getattr(cupy, op.ufunc)
 
 
+def _lean_ufunc(op: Any, arr: np.ndarray) -> Any:
+    """:func:`_ufunc` of a host array, cached by ``(op, dtype)`` (None: not an
+    :class:`Op`, for the general path's error)."""
+    if not isinstance(op, Op):
+        return None
+    key = (op, arr.dtype)
+    ufunc = _fast_ufuncs.get(key)
+    if ufunc is None:  # (raises before any sequence number is taken)
+        ufunc = _fast_ufuncs[key] = _ufunc(op, arr)
+    return ufunc
+
+
 def _counts(counts: Any, size: int, what: str) -> list[int]:
     try:
         out = [int(c) for c in counts]
@@ -447,12 +459,18 @@ class Collectives:
             b = self._buf(buf, self.rank != root, "Bcast buffer")
             if not b.device and self._small.usable(b.arr.nbytes):
                 return self._combined("Bcast", b.arr, b.arr, root)
+            if not b.device and (res := self._shm_start("Bcast", b.arr.nbytes, b.arr, b.arr,
+                                                        b.arr.nbytes, root, count=b.n)):
+                return res  # (another kind of host buffer: the engine all the same)
             ch = self._chan("Bcast", b, fp=self._fp("Bcast", b, b.n, root))
             return self._run(ch, alg.bcast(ch, b, root))
         if (small_ok(buf) and self._small.usable(buf.nbytes)
                 and (self.rank == root or buf.flags.writeable)):
             return self._small.bcast(self._small_chan("Bcast"), buf, root)
         b = self._buf(buf, self.rank != root, "Bcast buffer")
+        if not b.device and (res := self._shm_start("Bcast", b.arr.nbytes, b.arr, b.arr,
+                                                    b.arr.nbytes, root, count=b.n)):
+            return res
         ch = self._chan("Bcast", b)
         return self._run(ch, alg.bcast(ch, b, root))
 
@@ -475,6 +493,16 @@ class Collectives:
     def _Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> Awaitable[None]:
         """Start :meth:`Reduce` (checks first): what to await, or DONE."""
         root = self._group.check_peer(root, "root")
+        if (self._shm is not None and small_ok(sendbuf)
+                and (self.rank != root or (small_ok(recvbuf) and recvbuf.flags.writeable
+                                           and recvbuf.dtype == sendbuf.dtype
+                                           and recvbuf.size == sendbuf.size))
+                and (ufunc := _lean_ufunc(op, sendbuf))
+                and (res := self._shm_start(
+                    "Reduce", sendbuf.nbytes, sendbuf,
+                    sendbuf if self.rank != root else recvbuf, sendbuf.nbytes, root, op,
+                    ufunc, count=sendbuf.size))):
+            return res  # (the engine's lean entry)
         recv: Buf | None = None
         if self.rank == root:
             if recvbuf is None:
@@ -544,6 +572,15 @@ class Collectives:
     def _allreduce(self, sendbuf: Any, recvbuf: Any, op: Op) -> Awaitable[None]:
         """:meth:`Allreduce` where the compiled call does not serve it: the Python small
         path, recursive doubling below the ring threshold, else the ring."""
+        if (self._shm is not None and small_ok(recvbuf) and recvbuf.nbytes > SMALL_MAX
+                and recvbuf.flags.writeable
+                and (sendbuf is IN_PLACE or (small_ok(sendbuf) and sendbuf.dtype == recvbuf.dtype
+                                             and sendbuf.size == recvbuf.size))
+                and (ufunc := _lean_ufunc(op, recvbuf))
+                and (res := self._shm_start(
+                    "Allreduce", recvbuf.nbytes, recvbuf if sendbuf is IN_PLACE else sendbuf,
+                    recvbuf, recvbuf.nbytes, op=op, ufunc=ufunc, count=recvbuf.size))):
+            return res  # (the engine's lean entry)
         if self._group.check:
             return self._allreduce_checked(sendbuf, recvbuf, op)
         if (type(recvbuf) is np.ndarray and recvbuf.nbytes < alg.TUNING["allreduce_ring_min"]
@@ -632,6 +669,16 @@ class Collectives:
         name = "Gatherv" if v else "Gather"
         root = self._group.check_peer(root, "root")
         p, r = self.size, self.rank
+        if not v and self._shm is not None and small_ok(sendbuf):
+            if r != root:  # (the engine's lean entry)
+                if res := self._shm_start(name, sendbuf.nbytes, sendbuf, sendbuf,
+                                          sendbuf.nbytes, root, count=sendbuf.size):
+                    return res
+            elif (small_ok(recvspec) and recvspec.flags.writeable
+                  and sendbuf.dtype == recvspec.dtype and recvspec.size == sendbuf.size * p
+                  and (res := self._shm_start(name, sendbuf.nbytes, sendbuf, recvspec,
+                                              sendbuf.nbytes, root, count=sendbuf.size))):
+                return res
         send: Buf | None = None
         recv: Buf | None = None
         if r != root:
@@ -710,6 +757,16 @@ class Collectives:
         name = "Scatterv" if v else "Scatter"
         root = self._group.check_peer(root, "root")
         p, r = self.size, self.rank
+        if not v and self._shm is not None and small_ok(recvbuf) and recvbuf.flags.writeable:
+            if r != root:  # (the engine's lean entry)
+                if res := self._shm_start(name, recvbuf.nbytes, recvbuf, recvbuf,
+                                          recvbuf.nbytes, root, count=recvbuf.size):
+                    return res
+            elif (small_ok(sendspec) and sendspec.dtype == recvbuf.dtype
+                  and sendspec.size == recvbuf.size * p
+                  and (res := self._shm_start(name, recvbuf.nbytes, sendspec, recvbuf,
+                                              recvbuf.nbytes, root, count=recvbuf.size))):
+                return res
         send: Buf | None = None
         recv: Buf | None = None
         if r != root:
@@ -787,6 +844,13 @@ class Collectives:
     def _allgatherv(self, sendbuf: Any, recvspec: Any, v: bool) -> Awaitable[None]:
         name = "Allgatherv" if v else "Allgather"
         p, r = self.size, self.rank
+        if (not v and self._shm is not None and small_ok(sendbuf, recvspec)
+                and sendbuf.nbytes > SMALL_MAX and recvspec.flags.writeable
+                and sendbuf.dtype == recvspec.dtype
+                and recvspec.size == sendbuf.size * p
+                and (res := self._shm_start(name, sendbuf.nbytes, sendbuf, recvspec,
+                                            sendbuf.nbytes, count=sendbuf.size))):
+            return res  # (the engine's lean entry)
         if (not v and not self._group.check and small_ok(sendbuf, recvspec)
                 and self._small.usable(sendbuf.nbytes) and recvspec.flags.writeable
                 and sendbuf.dtype == recvspec.dtype and recvspec.size == sendbuf.size * p):
@@ -868,6 +932,13 @@ class Collectives:
     def _alltoallv(self, sendspec: Any, recvspec: Any, v: bool) -> Awaitable[None]:
         name = "Alltoallv" if v else "Alltoall"
         p = self.size
+        if (not v and self._shm is not None and small_ok(sendspec, recvspec)
+                and recvspec.nbytes > SMALL_MAX * p and recvspec.flags.writeable
+                and sendspec.dtype == recvspec.dtype
+                and sendspec.size == recvspec.size and recvspec.size % p == 0
+                and (res := self._shm_start(name, recvspec.nbytes // p, sendspec, recvspec,
+                                            recvspec.nbytes // p, count=recvspec.size))):
+            return res  # (the engine's lean entry: no Buf, no counts)
         if (not v and not self._group.check and small_ok(sendspec, recvspec)
                 and recvspec.flags.writeable
                 and sendspec.dtype == recvspec.dtype and sendspec.size == recvspec.size
@@ -967,6 +1038,13 @@ class Collectives:
                 ufunc = _fast_ufuncs[(op, sendbuf.dtype)] = _ufunc(op, sendbuf)
             return self._small.reduce_scatter_block(self._small_chan(name), sendbuf, recvbuf,
                                                     ufunc)
+        if (recvcounts is None and self._shm is not None and small_ok(sendbuf, recvbuf)
+                and recvbuf.flags.writeable and sendbuf.dtype == recvbuf.dtype
+                and recvbuf.size * p == sendbuf.size and (ufunc := _lean_ufunc(op, recvbuf))
+                and (res := self._shm_start(name, recvbuf.nbytes, sendbuf, recvbuf,
+                                            recvbuf.nbytes, op=op, ufunc=ufunc,
+                                            count=sendbuf.size))):
+            return res  # (the engine's lean entry)
         recv = self._buf(recvbuf, True, f"{name} receive buffer")
         in_place = sendbuf is IN_PLACE
         send = recv if in_place else self._buf(sendbuf, False, f"{name} send buffer")
