@@ -312,6 +312,10 @@ def test_lean_and_general_entries_meet(env):
     run_case(SHM_CASES, "lean_and_general_entries_meet", 3, env=env)
 
 
+def test_engine_calls_across_the_sequence_wrap():
+    run_case(SHM_CASES, "engine_calls_across_the_sequence_wrap", 3)
+
+
 def test_single_copy_mode_is_used_and_can_be_refused():
     run_case(SHM_CASES, "single_copy_mode", 3)
     run_case(SHM_CASES, "single_copy_mode", 3, env={"UCXCOMM_SHM_DIRECT": "no"})

@@ -219,6 +219,33 @@ async def lean_and_general_entries_meet(comm):
 
 
 @case
+async def engine_calls_across_the_sequence_wrap(comm):
+    """The sequence numbers wrap (TAG_UB, then 0) between engine calls of both entries
+    (the compiled one of blocking calls, the Python one of non-blocking calls): the
+    calls' generations keep rising, and every call gets its data."""
+    r, p = comm.rank, comm.size
+    b = np.zeros(20000)
+    await comm.Bcast(b, root=0, timeout=T)  # (segments made and mapped)
+    g = comm._group
+    g._coll_seq = ucxcomm.TAG_UB - 3
+    wraps = g.seq_wraps
+    for i in range(8):
+        root = i % p
+        b[:] = i + 1 if r == root else 0
+        if i % 2:
+            await asyncio.wait_for(comm.Ibcast(b, root=root), T)
+        else:
+            await comm.Bcast(b, root=root, timeout=T)
+        assert np.all(b == i + 1), (i, b[:4])
+        out = np.zeros(2048 * p)
+        await comm.Allgather(np.full(2048, r + i, float), out, timeout=T)
+        assert np.array_equal(out, np.repeat(np.arange(p, dtype=float) + i, 2048))
+    assert g.seq_wraps == wraps + 1 and g.last_seq < 20, (g.seq_wraps, g.last_seq)
+    assert comm._entry is not None, "the compiled entry never served a call"
+    _engine(comm)
+
+
+@case
 async def single_copy_mode(comm):
     """Large Bcast, Allgather and Alltoall read straight out of the writers' buffers
     (no piece through the segments) unless UCXCOMM_SHM_DIRECT=no; the data is right
@@ -376,6 +403,15 @@ async def a_dead_member_fails_the_wait(comm):
                     lambda: comm.Allgather(np.ones(2048), np.zeros(2048 * p))):
         exc = await _raises(ucxcomm.PeerFailure, lambda a=attempt: asyncio.wait_for(a(), T))
         assert exc.peer == p - 1, exc
+    # The survivors leave together: one that aborted while another still waited for
+    # the dead rank would be the failure that other one saw first.
+    others = [k for k in range(p - 1) if k != r]
+    try:
+        await asyncio.wait_for(asyncio.gather(
+            *(comm.send(b"done", k, tag=5) for k in others),
+            *(comm.recv(k, tag=5) for k in others)), T)
+    except ucxcomm.PeerFailure:
+        pass  # (a survivor that already had every message left)
     comm.abort()
     return "aborted"
 

@@ -30,7 +30,8 @@ comes back. Nothing read from a peer's segment is trusted for a length: every co
 bounded by this rank's own buffers and the slot size.
 """
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_SIMPLE, PyBUF_WRITABLE,
+                             PyBuffer_Release, PyObject_GetBuffer)
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
@@ -411,19 +412,26 @@ cdef class Call:
         Call at a time per Node, :meth:`ucxcomm.comm.shm.NodeShm.start` holding later
         ones back until it is over, for the Calls share ``pieces``, the slots and the
         records)."""
+        self._setup(node, gen, KINDS[kind], fp, send, _address(send), recv, _address(recv),
+                    recv.dtype, n, root, kernel, ufunc, direct)
+
+    cdef int _setup(self, Node node, uint64_t gen, int kind, object fp, object send,
+                    char *sp, object recv, char *rp, object dt, Py_ssize_t n, int root,
+                    int kernel, object ufunc, bint direct) except -1:
+        """:meth:`__init__` with the arrays' first bytes (``sp``, ``rp``) and ``recv``'s
+        dtype ``dt`` known (:class:`Entry` has them)."""
         cdef int p = node.size, r = node.rank, k
         self.check = fp is not None
         self.fp = fp if self.check else b""
         if len(self.fp) > FP_MAX:
             raise ValueError("fingerprint too long for the shared-memory engine")
         self.node, self.gen = node, gen
-        self.kind = KINDS[kind]
-        dt = recv.dtype
+        self.kind = kind
         self.root, self.n, self.itemsize, self.kernel = root, n, dt.itemsize, kernel
         self.ufunc, self.dtype = ufunc, dt
         self.keep = (send, recv)
-        self.send = _address(send)
-        self.recv = _address(recv)
+        self.send = sp
+        self.recv = rp
         self.recv_arr = recv
         node.ack(gen - 1)
         cdef Py_ssize_t itemsize = self.itemsize
@@ -498,6 +506,7 @@ cdef class Call:
             self.ktr[k] = 0
             self.ksteps[k] = 0
             self.kbase[k] = 0
+        return 0
 
     def fingerprints(self):
         """Each member's fingerprint of this generation (None: not in)."""
@@ -975,3 +984,242 @@ cdef class Call:
         for k in range(2, p):
             self.ufunc(o, views[k], out=o)
         return 0
+
+
+# ====================================================================== the lean entry
+cdef object _ndarray = np.ndarray
+cdef tuple _NAMES = (None, "Bcast", "Allgather", "Alltoall", "Allreduce",
+                     "Reduce_scatter_block", "Gather", "Scatter", "Reduce")
+cdef tuple _LIMITS = (None,) + tuple(f"shm_max_{k}" for k in _NAMES[1:])
+
+
+cdef class Entry:
+    """The engine's entry for plain numpy arrays, in one compiled call (``comm/shm.py``'s
+    ``NodeShm.entry``; ``comm/collectives.py`` tries it first): each method checks its
+    arguments as the Python entry does, takes the sequence number, makes the
+    :class:`Call` and advances it. It returns ``done`` when the call finished, the
+    rest to await (``NodeShm._after``) when it did not, or None, with nothing taken,
+    where it does not serve the call (another kind of buffer or size, the engine busy
+    with an earlier call, its segments not all mapped yet, or off): the Python entry
+    then takes it, and gives the errors."""
+
+    cdef object sh, group, next_seq, check_open, rec, done, make_fp, kernel_of, ufunc_of
+    cdef object tuning, waiting, cid, plain_dt, last_op, last_dt, last_ufunc, tag_ub
+    cdef int tag_bits
+    cdef Node node
+    cdef int rank, size, last_kernel
+    cdef tuple members
+    cdef int64_t budget
+    cdef bint check, push, crowded
+    cdef Py_ssize_t small_max
+    cdef list fp_dt, fp_op, fp_val
+    cdef Py_ssize_t fp_count[9]
+    cdef int fp_root[9]
+
+    def __init__(self, sh, Node node, group, recorder, done, make_fp, kernel_of, ufunc_of,
+                 tuning, int64_t budget_ns, bint push, bint crowded, Py_ssize_t small_max,
+                 waiting, tag_ub, int tag_bits):
+        """``make_fp(what, op, root, dtype, count)``: a fingerprint of the engine's form;
+        ``kernel_of(op, dtype)``: the compiled fold (0: none); ``ufunc_of(op, array)``:
+        numpy's (None: not an Op; raises for a dtype the op does not take);
+        ``tag_ub``, ``tag_bits``: the sequence numbers' range (a call's generation
+        counts their wraps, as ``NodeShm.start`` does)."""
+        self.tag_ub, self.tag_bits = tag_ub, tag_bits
+        self.sh, self.node, self.group = sh, node, group
+        self.next_seq, self.check_open = group.next_seq, group.check_open
+        self.rec, self.done, self.make_fp = recorder, done, make_fp
+        self.kernel_of, self.ufunc_of, self.tuning = kernel_of, ufunc_of, tuning
+        self.budget, self.push, self.crowded = budget_ns, push, crowded
+        self.small_max, self.waiting = small_max, waiting
+        self.check = group.check
+        self.rank, self.size, self.cid = group.rank, group.size, group.cid
+        self.members = tuple(group.members)
+        self.fp_dt, self.fp_op, self.fp_val = [None] * 9, [None] * 9, [None] * 9
+        self.last_kernel = -1
+
+    cdef bint _plain(self, object dt) except -1:
+        if dt is self.plain_dt:
+            return True
+        if dt.hasobject:
+            return False
+        self.plain_dt = dt
+        return True
+
+    cdef char *_ptr(self, object arr, bint writable, Py_ssize_t *nbytes, Py_ssize_t *isz):
+        """The first byte of ``arr`` when it is a C-contiguous numpy array of plain
+        data (writable where asked), its bytes and item size; NULL: not one."""
+        cdef Py_buffer v
+        if type(arr) is not _ndarray or not self._plain(arr.dtype):
+            return NULL
+        try:
+            PyObject_GetBuffer(arr, &v, PyBUF_C_CONTIGUOUS
+                               | (PyBUF_WRITABLE if writable else PyBUF_SIMPLE))
+        except (BufferError, TypeError, ValueError):
+            return NULL
+        cdef char *out = <char *>v.buf
+        nbytes[0], isz[0] = v.len, v.itemsize
+        PyBuffer_Release(&v)
+        return out if out != NULL else <char *>1
+
+    cdef bint _fits(self, int kind, Py_ssize_t nbytes, bint fold) except -1:
+        """Whether a message of ``nbytes`` is in the engine's range for ``kind``."""
+        if nbytes <= (0 if kind >= K_GATHER else self.small_max):
+            return False
+        if nbytes > self.tuning[_LIMITS[kind]]:
+            return False
+        return not (fold and self.crowded and nbytes > self.tuning["shm_max_fold_crowded"])
+
+    cdef object _fp(self, int kind, int root, object dt, Py_ssize_t count, object op):
+        if (self.fp_dt[kind] is dt and self.fp_op[kind] is op and self.fp_root[kind] == root
+                and self.fp_count[kind] == count):
+            return self.fp_val[kind]
+        fp = self.make_fp(_NAMES[kind], op, root, dt, count)
+        self.fp_dt[kind], self.fp_op[kind], self.fp_val[kind] = dt, op, fp
+        self.fp_root[kind], self.fp_count[kind] = root, count
+        return fp
+
+    cdef int _fold(self, object op, object arr) except -2:
+        """The compiled fold of ``op`` on ``arr``'s dtype (0: numpy's, in
+        ``last_ufunc``); -1: not an Op (the Python entry's error)."""
+        dt = arr.dtype
+        if op is not self.last_op or dt is not self.last_dt:
+            ufunc = self.ufunc_of(op, arr)
+            if ufunc is None:
+                return -1
+            self.last_kernel = self.kernel_of(op, dt)
+            self.last_ufunc, self.last_op, self.last_dt = ufunc, op, dt
+        return self.last_kernel
+
+    cdef object _go(self, int kind, object send, char *sp, object recv, char *rp,
+                    Py_ssize_t n, int root, object op, Py_ssize_t count, Py_ssize_t nbytes):
+        cdef int kernel = 0
+        cdef Call call
+        sh = self.sh
+        if (sh._busy is not None or not sh._mapped or sh._own_path is not None
+                or sh.off is not None or sh._node is not self.node):
+            return None
+        ufunc = None
+        if op is not None:
+            kernel = self._fold(op, recv)
+            if kernel < 0:
+                return None
+            ufunc = self.last_ufunc
+        dt = recv.dtype
+        fp = self._fp(kind, root, dt, count, op) if self.check else None
+        self.check_open()
+        seq = self.next_seq()
+        gen = ((self.group.seq_wraps - (seq == self.tag_ub)) << self.tag_bits | seq) + 1
+        self.node.push_min = self.tuning["shm_push_min"] if self.push else 0
+        call = Call.__new__(Call)
+        call._setup(self.node, gen, kind, fp, send, sp, recv, rp, dt, n, root, kernel,
+                    ufunc, nbytes >= self.tuning["shm_direct_min"])
+        st = call.advance(self.budget)
+        what = _NAMES[kind]
+        if st == DONE:  # (its flight record, as the compiled paths write)
+            self.rec.end(self.rec.start(what, self.waiting, self.cid, self.rank, self.size,
+                                        seq, root if root >= 0 else -2,
+                                        self.members[root] if root >= 0 else -2))
+            return self.done
+        return sh._after(call, what, seq, fp, st)
+
+    def bcast(self, buf, root):
+        cdef Py_ssize_t nb, isz
+        if type(root) is not int or not 0 <= root < self.size:
+            return None
+        cdef char *p = self._ptr(buf, root != self.rank, &nb, &isz)
+        if p == NULL or not self._fits(K_BCAST, nb, False):
+            return None
+        return self._go(K_BCAST, buf, p, buf, p, nb, root, None, nb // isz, nb)
+
+    def allgather(self, send, recv):
+        cdef Py_ssize_t nb, rnb, isz, risz
+        cdef char *sp = self._ptr(send, False, &nb, &isz)
+        if sp == NULL or not self._fits(K_ALLGATHER, nb, False):
+            return None
+        cdef char *rp = self._ptr(recv, True, &rnb, &risz)
+        if rp == NULL or rnb != nb * self.size or send.dtype is not recv.dtype:
+            return None
+        return self._go(K_ALLGATHER, send, sp, recv, rp, nb, -1, None, nb // isz, nb)
+
+    def alltoall(self, send, recv):
+        cdef Py_ssize_t nb, rnb, isz, risz
+        cdef char *sp = self._ptr(send, False, &nb, &isz)
+        if sp == NULL or nb % (self.size * isz):
+            return None
+        nb //= self.size
+        if not self._fits(K_ALLTOALL, nb, False):
+            return None
+        cdef char *rp = self._ptr(recv, True, &rnb, &risz)
+        if rp == NULL or rnb != nb * self.size or send.dtype is not recv.dtype:
+            return None
+        return self._go(K_ALLTOALL, send, sp, recv, rp, nb, -1, None, rnb // risz, nb)
+
+    def reduce_scatter_block(self, send, recv, op):
+        cdef Py_ssize_t nb, snb, isz, sisz
+        cdef char *rp = self._ptr(recv, True, &nb, &isz)
+        if rp == NULL or not self._fits(K_RSB, nb, True):
+            return None
+        cdef char *sp = self._ptr(send, False, &snb, &sisz)
+        if sp == NULL or snb != nb * self.size or send.dtype is not recv.dtype:
+            return None
+        return self._go(K_RSB, send, sp, recv, rp, nb, -1, op, snb // sisz, nb)
+
+    def allreduce(self, send, recv, op):
+        cdef Py_ssize_t nb, snb, isz, sisz
+        cdef char *rp = self._ptr(recv, True, &nb, &isz)
+        if rp == NULL or not self._fits(K_ALLREDUCE, nb, True):
+            return None
+        cdef char *sp = rp
+        if send is not recv:  # (IN_PLACE arrives as recv)
+            sp = self._ptr(send, False, &snb, &sisz)
+            if sp == NULL or snb != nb or send.dtype is not recv.dtype:
+                return None
+        return self._go(K_ALLREDUCE, send, sp, recv, rp, nb, -1, op, nb // isz, nb)
+
+    def gather(self, send, recv, root):
+        cdef Py_ssize_t nb, rnb, isz, risz
+        if type(root) is not int or not 0 <= root < self.size:
+            return None
+        cdef char *sp = self._ptr(send, False, &nb, &isz)
+        if sp == NULL or not self._fits(K_GATHER, nb, False):
+            return None
+        cdef char *rp = sp
+        if root == self.rank:
+            rp = self._ptr(recv, True, &rnb, &risz)
+            if rp == NULL or rnb != nb * self.size or send.dtype is not recv.dtype:
+                return None
+        else:
+            recv = send
+        return self._go(K_GATHER, send, sp, recv, rp, nb, root, None, nb // isz, nb)
+
+    def scatter(self, send, recv, root):
+        cdef Py_ssize_t nb, snb, isz, sisz
+        if type(root) is not int or not 0 <= root < self.size:
+            return None
+        cdef char *rp = self._ptr(recv, True, &nb, &isz)
+        if rp == NULL or not self._fits(K_SCATTER, nb, False):
+            return None
+        cdef char *sp = rp
+        if root == self.rank:
+            sp = self._ptr(send, False, &snb, &sisz)
+            if sp == NULL or snb != nb * self.size or send.dtype is not recv.dtype:
+                return None
+        else:
+            send = recv
+        return self._go(K_SCATTER, send, sp, recv, rp, nb, root, None, nb // isz, nb)
+
+    def reduce(self, send, recv, op, root):
+        cdef Py_ssize_t nb, rnb, isz, risz
+        if type(root) is not int or not 0 <= root < self.size:
+            return None
+        cdef char *sp = self._ptr(send, False, &nb, &isz)
+        if sp == NULL or not self._fits(K_REDUCE, nb, True):
+            return None
+        cdef char *rp = sp
+        if root == self.rank:
+            rp = self._ptr(recv, True, &rnb, &risz)
+            if rp == NULL or rnb != nb or send.dtype is not recv.dtype:
+                return None
+        else:
+            recv = send
+        return self._go(K_REDUCE, send, sp, recv, rp, nb, root, op, nb // isz, nb)

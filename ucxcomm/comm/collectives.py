@@ -221,6 +221,7 @@ class Collectives:
 
     __slots__ = (
         "_check_open",
+        "_entry",
         "_fast",
         "_fast_ar",
         "_group",
@@ -251,6 +252,9 @@ class Collectives:
         # The node's shared-memory engine (comm/shm.py): _UNMADE until the first call
         # that may use it, None where it cannot serve this communicator.
         self._shm: Any = _UNMADE
+        # Its compiled entry for plain numpy arrays (_shm.Entry), tried first by the
+        # blocking collectives it serves (None until the engine's first call).
+        self._entry: Any = None
 
     def _small_chan(self, what: str) -> Chan:
         """A channel for a small-message path of collective ``what`` (arguments already
@@ -329,6 +333,8 @@ class Collectives:
                     and nbytes > alg.TUNING["shm_max_fold_crowded"])
                 or not sh.ready()):
             return None
+        if self._entry is None:
+            self._entry = sh.make_entry(_lean_ufunc)
         fp = None
         if self._group.check:
             key = (what, root, recv.dtype, count, op)
@@ -441,6 +447,8 @@ class Collectives:
 
     def _Bcast(self, buf: Any, root: int = 0) -> Awaitable[None]:
         """Start :meth:`Bcast` (checks first): what to await, or DONE."""
+        if self._entry is not None and (res := self._entry.bcast(buf, root)) is not None:
+            return cast(Awaitable[None], res)
         pair = self._fast if self._fast is not _UNMADE else self._make_fast()
         if pair is not None:
             rest = pair.bcast(buf, root)
@@ -492,6 +500,9 @@ class Collectives:
 
     def _Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> Awaitable[None]:
         """Start :meth:`Reduce` (checks first): what to await, or DONE."""
+        if (self._entry is not None
+                and (res := self._entry.reduce(sendbuf, recvbuf, op, root)) is not None):
+            return cast(Awaitable[None], res)
         root = self._group.check_peer(root, "root")
         if (self._shm is not None and small_ok(sendbuf)
                 and (self.rank != root or (small_ok(recvbuf) and recvbuf.flags.writeable
@@ -546,6 +557,9 @@ class Collectives:
 
     def _Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
         """Start :meth:`Allreduce` (checks first): what to await, or DONE."""
+        if self._entry is not None and (res := self._entry.allreduce(
+                recvbuf if sendbuf is IN_PLACE else sendbuf, recvbuf, op)) is not None:
+            return cast(Awaitable[None], res)
         fast = self._fast_ar
         if fast is not None:
             if fast is _UNMADE:
@@ -728,6 +742,9 @@ class Collectives:
 
     def _Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
         """Start :meth:`Gather` (checks first): what to await, or DONE."""
+        if (self._entry is not None
+                and (res := self._entry.gather(sendbuf, recvbuf, root)) is not None):
+            return cast(Awaitable[None], res)
         return self._gatherv(sendbuf, recvbuf, root, False)
 
     async def Gatherv(self, sendbuf: Any, recvspec: Any, root: int = 0, *,
@@ -817,6 +834,9 @@ class Collectives:
 
     def _Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Awaitable[None]:
         """Start :meth:`Scatter` (checks first): what to await, or DONE."""
+        if (self._entry is not None
+                and (res := self._entry.scatter(sendbuf, recvbuf, root)) is not None):
+            return cast(Awaitable[None], res)
         return self._scatterv(sendbuf, recvbuf, root, False)
 
     async def Scatterv(self, sendspec: Any, recvbuf: Any, root: int = 0, *,
@@ -900,6 +920,9 @@ class Collectives:
 
     def _Allgather(self, sendbuf: Any, recvbuf: Any) -> Awaitable[None]:
         """Start :meth:`Allgather` (checks first): what to await, or DONE."""
+        if (self._entry is not None
+                and (res := self._entry.allgather(sendbuf, recvbuf)) is not None):
+            return cast(Awaitable[None], res)
         pair = self._fast if self._fast is not _UNMADE else self._make_fast()
         if pair is not None:
             rest = pair.allgather(sendbuf, recvbuf)
@@ -995,6 +1018,9 @@ class Collectives:
 
     def _Alltoall(self, sendbuf: Any, recvbuf: Any) -> Awaitable[None]:
         """Start :meth:`Alltoall` (checks first): what to await, or DONE."""
+        if (self._entry is not None
+                and (res := self._entry.alltoall(sendbuf, recvbuf)) is not None):
+            return cast(Awaitable[None], res)
         pair = self._fast if self._fast is not _UNMADE else self._make_fast()
         if pair is not None:
             rest = pair.alltoall(sendbuf, recvbuf)
@@ -1101,6 +1127,9 @@ class Collectives:
 
     def _Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> Awaitable[None]:
         """Start :meth:`Reduce_scatter_block` (checks first): what to await, or DONE."""
+        if (self._entry is not None and (res := self._entry.reduce_scatter_block(
+                sendbuf, recvbuf, op)) is not None):
+            return cast(Awaitable[None], res)
         pair = self._fast if self._fast is not _UNMADE else self._make_fast()
         if pair is not None:
             rest = pair.reduce_scatter_block(sendbuf, recvbuf, op)

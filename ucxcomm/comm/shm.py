@@ -309,12 +309,34 @@ class NodeShm:
             if self._own_path is not None:
                 self._unlink_own()
             return DONE
+        return self._after(call, what, seq, fp, st)
+
+    def _after(self, call: Any, what: str, seq: int, fp: bytes | None, st: int
+               ) -> Awaitable[None]:
+        """The rest of ``call``, which its first advance left at ``st`` (not done): it
+        holds the engine until it finishes."""
         if st == 4:
             self._truncated(call, what)
         turn = self._busy = _Turn()
         rest = self._rest(call, what, seq, fp, turn)
         turn.ref = weakref.ref(rest, self._dropped)
         return rest
+
+    def make_entry(self, ufunc_of: Any) -> Any:
+        """The compiled entry of this communicator's calls on plain numpy arrays
+        (``_shm.Entry``; ``ufunc_of(op, array)``: numpy's kernel of a reduction, None
+        for what is not an Op), once :meth:`ready` was True."""
+        from . import _fast, _shm
+
+        def make_fp(what: str, op: Any, root: int, dtype: Any, count: int) -> bytes:
+            return fingerprint.make(what, fingerprint.SHM, op, root, dtype, count)
+
+        def kernel_of(op: Any, dtype: Any) -> int:
+            return int(_fast.native_kernel(op, dtype)[0])
+
+        return _shm.Entry(self, self._node, self._group, self._group.world.recorder, DONE,
+                          make_fp, kernel_of, ufunc_of, TUNING, self._budget_ns, self._push,
+                          self.crowded, SMALL_MAX, trace.WAITING, TAG_UB, TAG_BITS)
 
     def _queue(self, gen: int, what: str, seq: int, fp: bytes | None,
                args: tuple[Any, ...]) -> Awaitable[None]:
