@@ -246,6 +246,61 @@ async def engine_calls_across_the_sequence_wrap(comm):
 
 
 @case
+async def allreduce_in_two_stages(comm):
+    """From 4 ranks an Allreduce whose count splits into equal blocks takes two engine
+    stages (reduce-scatter, then allgather: two sequence numbers): sums in rank order,
+    bit-identical on every rank, in place, numpy-kernel ops, odd ranks on the general
+    entry (memoryviews); a rank that would take one stage while the others take two
+    (its TUNING differs) meets a CollectiveMismatch on every rank, not a hang."""
+    r, p = comm.rank, comm.size
+    assert p >= 4
+    odd = r % 2 == 1
+    g = comm._group
+    for n in (2052 * p, 70000 * p // 4 * 4, (1 << 20) // 8):
+        x = _data(r, n, np.float64) / 3
+        out = np.full(n, -1.0)
+        before = g.last_seq
+        await comm.Allreduce(memoryview(x) if odd else x, memoryview(out) if odd else out,
+                             timeout=T)
+        assert g.last_seq == (before + 2) & ucxcomm.TAG_UB, "not two stages"
+        ref = _data(0, n, np.float64) / 3
+        for k in range(1, p):
+            ref = ref + _data(k, n, np.float64) / 3
+        assert np.array_equal(out, ref), "not the rank-order fold"
+        every = await comm.allgather(out.tobytes())
+        assert all(e == every[0] for e in every), "Allreduce differs between ranks"
+        y = _data(r, n, np.int64)
+        await comm.Allreduce(IN_PLACE, y, op=ucxcomm.MAX, timeout=T)
+        assert np.array_equal(y, np.max([_data(k, n, np.int64) for k in range(p)], axis=0))
+        h = _data(r, n, np.float16)
+        hp = np.empty_like(h)
+        await comm.Allreduce(h, hp, op=ucxcomm.PROD, timeout=T)
+        ref16 = _data(0, n, np.float16)
+        for k in range(1, p):
+            ref16 = ref16 * _data(k, n, np.float16)
+        assert np.array_equal(hp, ref16)
+        ireq = comm.Iallreduce(x, out)
+        await asyncio.wait_for(ireq, T)
+        assert np.array_equal(out, ref)
+    _engine(comm)
+    if not g.check:
+        return None  # (checks off: a mismatch is the caller's to avoid)
+    tuning = algorithms.TUNING
+    if r == 0:
+        tuning["shm_allreduce_stages_min"] = 1 << 62
+    n = 4096 * p
+    out = np.full(n, -7.0)
+    exc = await _raises(ucxcomm.CollectiveMismatch,
+                        lambda: comm.Allreduce(np.ones(n), out, timeout=T))
+    assert f"Allreduce(float64[{n}]" in str(exc), exc
+    tuning["shm_allreduce_stages_min"] = 0
+    ok = np.empty(n)
+    await comm.Allreduce(np.ones(n), ok, timeout=T)
+    assert (ok == p).all()
+    _engine(comm)
+
+
+@case
 async def single_copy_mode(comm):
     """Large Bcast, Allgather and Alltoall read straight out of the writers' buffers
     (no piece through the segments) unless UCXCOMM_SHM_DIRECT=no; the data is right

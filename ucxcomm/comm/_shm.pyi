@@ -40,6 +40,7 @@ class Call:
     gen: int
     stage: int
     verified: bool
+    progress: int
     def __init__(self, node: Node, gen: int, kind: str, fp: bytes | None, send: Any,
                  recv: Any, n: int, root: int, kernel: int, ufunc: Any,
                  direct: bool = False) -> None: ...

@@ -508,6 +508,16 @@ cdef class Call:
             self.kbase[k] = 0
         return 0
 
+    @property
+    def progress(self):
+        """A count that rises whenever the call moves (a record, a piece written or
+        read): a waiter that sees it rise is not waiting for a late member."""
+        cdef uint64_t out = self.stage + self.have_rec + self.tw + self.tr + self.dmask
+        cdef int k
+        for k in range(self.node.size):
+            out += self.ktr[k]
+        return out
+
     def fingerprints(self):
         """Each member's fingerprint of this generation (None: not in)."""
         return [self.node.record_fp(k, self.gen) for k in range(self.node.size)]
@@ -1169,6 +1179,9 @@ cdef class Entry:
         cdef char *rp = self._ptr(recv, True, &nb, &isz)
         if rp == NULL or not self._fits(K_ALLREDUCE, nb, True):
             return None
+        if (self.size >= 4 and nb % (self.size * isz) == 0
+                and nb >= self.tuning["shm_allreduce_stages_min"]):
+            return None  # (two stages: the Python entry)
         cdef char *sp = rp
         if send is not recv:  # (IN_PLACE arrives as recv)
             sp = self._ptr(send, False, &snb, &sisz)

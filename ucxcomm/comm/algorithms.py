@@ -58,10 +58,14 @@ TUNING = {
     # other ranks write a share of their readers' bytes into the readers' buffers
     # (process_vm_writev) while the readers read the rest: both sides copy (0: never)
     "shm_push_min": 64 << 10,
-    # ranks outnumber cores (spinners yield): reductions above this take the ring (the
-    # engine's steps in lockstep cost a context switch each: Reduce_scatter_block 64 MiB
-    # at 4 ranks on 2 cores took 3.5x MPICH's time)
-    "shm_max_fold_crowded": 1 << 20,
+    # from here (bytes), at 4 ranks or more, an Allreduce on the engine takes two stages
+    # (reduce-scatter, then allgather) where its count splits into equal blocks
+    "shm_allreduce_stages_min": 0,
+    # ranks outnumber cores (spinners yield): reductions above this take the ring. It
+    # was 1 MiB while a waiter that had spent 5 ms in a call polled every 0.5 ms even as
+    # pieces kept moving (Reduce_scatter_block 64 MiB at 4 ranks on 2 cores took 3.5x
+    # MPICH's time); waiters now poll slowly only once nothing moved for 5 ms
+    "shm_max_fold_crowded": 1 << 62,
 }
 
 

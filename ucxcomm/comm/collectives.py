@@ -64,6 +64,9 @@ class _InPlace:
 IN_PLACE = _InPlace()
 
 _UNMADE = object()  # Collectives._fast before the first call makes it
+# The fingerprint roots of an Allreduce's two stages on the engine (a rank in one stage
+# and a rank in a one-stage Allreduce, or in the other stage, do not match)
+_STAGE_RS, _STAGE_AG = -3, -4
 _EMPTY = np.empty(0, np.uint8)  # a barrier's data
 
 _checked_ops: dict[tuple[str, Any], bool] = {}
@@ -317,18 +320,21 @@ class Collectives:
         return self._small.settle(res, ufunc, out)
 
     def _shm_start(self, what: str, nbytes: int, send: Any, recv: Any, n: int,
-                   root: int = -1, op: Any = None, ufunc: Any = None, count: int = -1
-                   ) -> Awaitable[None] | None:
+                   root: int = -1, op: Any = None, ufunc: Any = None, count: int = -1,
+                   kind: str | None = None) -> Awaitable[None] | None:
         """Start ``what`` on the node's shared-memory engine (``comm/shm.py``) when it
         serves this communicator and ``nbytes`` (per message) is in its range: DONE or
         the rest to await; None: take another path. Arguments are checked; this takes
         the sequence number. ``send``/``recv``: flat host arrays (``send`` may be
         ``recv``'s own block or all of it, in place); ``n``: bytes, as
-        :class:`ucxcomm.comm._shm.Call` counts them; ``count``: the fingerprint's."""
+        :class:`ucxcomm.comm._shm.Call` counts them; ``count``: the fingerprint's;
+        ``kind``: the engine's collective that serves ``what`` (default: ``what``;
+        a stage of a composite, whose fingerprint ``root`` tells apart)."""
         sh = self._shm
         if sh is _UNMADE:
             sh = self._shm = NodeShm(self._group) if NodeShm.usable(self._group) else None
-        if (sh is None or not sh.mins[what] < nbytes <= alg.TUNING[sh.limits[what]]
+        kind = kind or what
+        if (sh is None or not sh.mins[kind] < nbytes <= alg.TUNING[sh.limits[kind]]
                 or (op is not None and sh.crowded
                     and nbytes > alg.TUNING["shm_max_fold_crowded"])
                 or not sh.ready()):
@@ -355,7 +361,50 @@ class Collectives:
                 kernel = sh.kernels[op, recv.dtype] = _fast.native_kernel(op, recv.dtype)[0]
         self._check_open()
         return sh.start(what, self._next_seq(), fp, send, recv, n, root, kernel, ufunc,
-                        nbytes >= alg.TUNING["shm_direct_min"])
+                        nbytes >= alg.TUNING["shm_direct_min"], kind)
+
+    def _shm_allreduce(self, send: Any, recv: Any, op: Any, ufunc: Any
+                       ) -> Awaitable[None] | None:
+        """An Allreduce of host arrays (checked) on the engine, as :meth:`_shm_start`.
+        From 4 ranks and ``TUNING["shm_allreduce_stages_min"]`` bytes, when the count
+        splits into equal blocks, in two stages: a reduce-scatter (each member folds
+        one block of every member's input, in rank order) and an allgather of the
+        folded blocks, so each member folds 1/p of the buffer instead of all of it."""
+        p, nbytes = self.size, recv.nbytes
+        if (p >= 4 and recv.size % p == 0
+                and nbytes >= alg.TUNING["shm_allreduce_stages_min"]):
+            blk = recv.size // p
+            flat = recv.reshape(-1)
+            mine = flat[self.rank * blk:(self.rank + 1) * blk]
+            first = self._shm_start("Allreduce", mine.nbytes, send, mine, mine.nbytes,
+                                    _STAGE_RS, op, ufunc, count=recv.size,
+                                    kind="Reduce_scatter_block")
+            if first is not None:
+                return self._allreduce_stage2(first, flat, mine)
+        return self._shm_start("Allreduce", nbytes, send, recv, nbytes, op=op, ufunc=ufunc,
+                               count=recv.size)
+
+    def _allreduce_stage2(self, first: Awaitable[None], flat: Any, mine: Any
+                          ) -> Awaitable[None]:
+        """After the reduce-scatter stage ``first`` (DONE, or its rest): the allgather."""
+
+        def second() -> Awaitable[None]:
+            res = self._shm_start("Allreduce", mine.nbytes, mine, flat, mine.nbytes,
+                                  _STAGE_AG, count=flat.size, kind="Allgather")
+            if res is None:  # (the first stage's size fits the second's range)
+                raise UcxCommError("Allreduce: the engine refused its second stage")
+            return res
+
+        if first is DONE:
+            return second()
+
+        async def rest() -> None:
+            await first
+            res = second()
+            if res is not DONE:
+                await res
+
+        return rest()
 
     def _chan(self, what: str, *bufs: Buf | None, fp: bytes | None = None) -> Chan:
         """A fresh collective channel (takes the next sequence number: call only once
@@ -591,9 +640,8 @@ class Collectives:
                 and (sendbuf is IN_PLACE or (small_ok(sendbuf) and sendbuf.dtype == recvbuf.dtype
                                              and sendbuf.size == recvbuf.size))
                 and (ufunc := _lean_ufunc(op, recvbuf))
-                and (res := self._shm_start(
-                    "Allreduce", recvbuf.nbytes, recvbuf if sendbuf is IN_PLACE else sendbuf,
-                    recvbuf, recvbuf.nbytes, op=op, ufunc=ufunc, count=recvbuf.size))):
+                and (res := self._shm_allreduce(recvbuf if sendbuf is IN_PLACE else sendbuf,
+                                                recvbuf, op, ufunc))):
             return res  # (the engine's lean entry)
         if self._group.check:
             return self._allreduce_checked(sendbuf, recvbuf, op)
@@ -613,8 +661,7 @@ class Collectives:
                     src = recvbuf if sendbuf is IN_PLACE else cast(np.ndarray, sendbuf)
                     return self._small.allreduce(self._small_chan("Allreduce"), src, recvbuf, ufunc)
                 src = recvbuf if sendbuf is IN_PLACE else cast(np.ndarray, sendbuf)
-                if res := self._shm_start("Allreduce", recvbuf.nbytes, src, recvbuf,
-                                          recvbuf.nbytes, op=op, ufunc=ufunc):
+                if res := self._shm_allreduce(src, recvbuf, op, ufunc):
                     return res
                 self._check_open()
                 ch = Chan(self._group, self._next_seq(), "Allreduce")
@@ -624,9 +671,7 @@ class Collectives:
                                                           "Allreduce send buffer")
         self._same(send, recv, "Allreduce", send.n)
         ufunc = _ufunc(op, send.arr)
-        if not recv.device and (res := self._shm_start(
-                "Allreduce", recv.arr.nbytes, send.arr, recv.arr, recv.arr.nbytes, op=op,
-                ufunc=ufunc)):
+        if not recv.device and (res := self._shm_allreduce(send.arr, recv.arr, op, ufunc)):
             return res
         ch = self._chan("Allreduce", send)
         return self._run(ch, alg.allreduce(ch, send, recv, ufunc))
@@ -641,9 +686,7 @@ class Collectives:
         ufunc = _ufunc(op, send.arr)
         if self.size > 1 and not recv.device and self._small.usable(recv.arr.nbytes):
             return self._combined("Allreduce", send.arr, recv.arr, -1, op, ufunc, recv.arr)
-        if not recv.device and (res := self._shm_start(
-                "Allreduce", recv.arr.nbytes, send.arr, recv.arr, recv.arr.nbytes, op=op,
-                ufunc=ufunc, count=send.n)):
+        if not recv.device and (res := self._shm_allreduce(send.arr, recv.arr, op, ufunc)):
             return res
         fp = self._fp("Allreduce", send, send.n, -1, op)
         if (not recv.device and self.size > 1

@@ -84,8 +84,8 @@ KINDS = ("Bcast", "Allgather", "Alltoall", "Allreduce", "Reduce_scatter_block", 
 #: takes them above its ``SMALL_MAX`` bytes a message; the others at every size.
 _SMALL_TOO = frozenset(("Gather", "Scatter", "Reduce"))
 
-# A slow call first polls the engine on every event-loop turn, then, once it has waited
-# this long, every POLL_SLEEP_S (a peer that is seconds late costs no core).
+# A slow call first polls the engine on every event-loop turn, then, once it has moved
+# no piece for this long, every POLL_SLEEP_S (a peer that is seconds late costs no core).
 _BUSY_S = 0.005
 _POLL_SLEEP_S = 0.0005
 
@@ -276,11 +276,12 @@ class NodeShm:
         return self.off is None and (self._node is not None or self._setup())
 
     def start(self, what: str, seq: int, fp: bytes | None, send: Any, recv: Any, n: int,
-              root: int = -1, kernel: int = 0, ufunc: Any = None, direct: bool = False
-              ) -> Awaitable[None]:
+              root: int = -1, kernel: int = 0, ufunc: Any = None, direct: bool = False,
+              kind: str | None = None) -> Awaitable[None]:
         """Start collective ``what`` (arguments checked, sequence number ``seq`` taken)
         here: DONE when it finished in the call, else an awaitable for the rest, once
-        :meth:`ready` was True.
+        :meth:`ready` was True. ``kind``: the engine's collective (default ``what``:
+        the name in the flight record and the errors).
 
         One call at a time: the engine's calls of a communicator share this rank's
         piece counter, slots and records, and a call acknowledges the ones before it
@@ -295,9 +296,9 @@ class NodeShm:
         self._node.push_min = TUNING["shm_push_min"] if self._push else 0
         if self._busy is not None:
             return self._queue(gen, what, seq, fp,
-                               (send, recv, n, root, kernel, ufunc, direct))
-        call = self._Call(self._node, gen, what, fp, send, recv, n, root, kernel, ufunc,
-                          direct)
+                               (send, recv, n, root, kernel, ufunc, direct), kind or what)
+        call = self._Call(self._node, gen, kind or what, fp, send, recv, n, root, kernel,
+                          ufunc, direct)
         if not self._mapped:
             self._attach()
         st = call.advance(self._budget_ns)
@@ -339,17 +340,17 @@ class NodeShm:
                           self.crowded, SMALL_MAX, trace.WAITING, TAG_UB, TAG_BITS)
 
     def _queue(self, gen: int, what: str, seq: int, fp: bytes | None,
-               args: tuple[Any, ...]) -> Awaitable[None]:
+               args: tuple[Any, ...], kind: str) -> Awaitable[None]:
         """The call behind the one in flight: its place in the line, taken now (in call
         order), and what runs it when its turn comes."""
         turn = _Turn(asyncio.get_running_loop().create_future())
-        coro = self._queued(turn, gen, what, seq, fp, args)
+        coro = self._queued(turn, gen, what, seq, fp, args, kind)
         turn.ref = weakref.ref(coro, self._dropped)
         self._line.append(turn)
         return coro
 
     async def _queued(self, turn: _Turn, gen: int, what: str, seq: int, fp: bytes | None,
-                      args: tuple[Any, ...]) -> None:
+                      args: tuple[Any, ...], kind: str) -> None:
         assert turn.fut is not None
         try:
             try:
@@ -358,7 +359,7 @@ class NodeShm:
                 self._gave_up(what, seq, fp, [k for k in range(self.size) if k != self.rank])
                 raise
             self._check_failed(what)  # (what ended the call before it, if anything)
-            call = self._Call(self._node, gen, what, fp, *args)
+            call = self._Call(self._node, gen, kind, fp, *args)
             if not self._mapped:
                 self._attach()
             st = call.advance(self._budget_ns)
@@ -453,6 +454,7 @@ class NodeShm:
         from . import _shm
 
         start = time.monotonic()
+        moved = call.progress
         while True:
             self._check_failed(what)
             if not self._mapped:  # (records wait for every segment; with the checks off
@@ -467,7 +469,10 @@ class NodeShm:
                 self._truncated(call, what)
             if st != _shm.BLOCKED or (got and all(k in got for k in call.missing())):
                 await self._mismatch(call, st, what, seq, fp, got, answered)
-            await asyncio.sleep(_POLL_SLEEP_S if time.monotonic() - start > _BUSY_S else 0)
+            now, progress = time.monotonic(), call.progress
+            if progress != moved:  # (a long call that moves is not waiting for anyone)
+                moved, start = progress, now
+            await asyncio.sleep(_POLL_SLEEP_S if now - start > _BUSY_S else 0)
 
     def _turn_off(self) -> None:
         self.off = ("a member of this communicator could not use the node's shared "
