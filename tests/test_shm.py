@@ -513,7 +513,8 @@ async def test_a_long_call_that_moves_never_polls_slowly(engines, monkeypatch):
     n = (4 << 20) // 8  # (1024 pieces through each member's 2 slots)
     want = np.arange(n, dtype=np.int64) * 5
     bufs = [want.copy() if sh.rank == 0 else np.full(n, -1, np.int64) for sh in engines]
-    rests = [sh.start("Bcast", 0, None, b, b, n * 8, 0) for sh, b in zip(engines, bufs, strict=True)]
+    rests = [sh.start("Bcast", 0, None, b, b, n * 8, 0)
+             for sh, b in zip(engines, bufs, strict=True)]
     await _all(r for r in rests if r is not DONE)
     assert all(np.array_equal(b, want) for b in bufs)
     # (a member may see nothing move for 0.2 ms now and then on a loaded machine)
