@@ -107,6 +107,11 @@ async def every_collective_every_size(comm):
         rs_inplace = rs_in.copy()
         await comm.Reduce_scatter_block(IN_PLACE, rs_inplace, timeout=T)
         assert np.array_equal(rs_inplace[:blk], rs_out)
+        mx = np.empty(blk, np.int64)  # (numpy's kernel, the own block from the input)
+        await comm.Reduce_scatter_block(_data(r, blk * p, np.int64), mx, op=ucxcomm.MAX,
+                                        timeout=T)
+        want_mx = np.max([_data(k, blk * p, np.int64) for k in range(p)], axis=0)
+        assert np.array_equal(mx, want_mx[r * blk:(r + 1) * blk])
     _engine(comm)
 
 

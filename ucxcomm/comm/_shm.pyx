@@ -385,6 +385,7 @@ cdef class Call:
     cdef readonly int stage          # 0: record not written, 1: under way, 2: done
     cdef readonly bint verified
     cdef bint differ, truncated, want_direct, direct, deferred, want_push, push, pushed
+    cdef bint own_src  # (Reduce_scatter_block) fold this rank's own block from its input
     cdef uint64_t dmask
     cdef uint64_t mine_steps, tw, tr, base, have_rec, need_rec, full_mask, writers
     cdef uint64_t kbase[MAXP]
@@ -469,6 +470,11 @@ cdef class Call:
             self.reads = True
             self.readers = self.full_mask
         self.folds_own = self.fold_kinds and self.reads
+        # A Reduce_scatter_block folds its own block straight from its input (nobody
+        # else reads it, so it is not copied into the slots) unless the output lies in
+        # the input (in place: the partial sums would overwrite it before it is read).
+        self.own_src = (self.kind == K_RSB and n > 0
+                        and (sp + p * n <= rp or rp + n <= sp))
         self.readers &= others
         self.writes = (self.writers >> r) & 1
         steps = (n + per - 1) // per if n > 0 else 0
@@ -639,7 +645,7 @@ cdef class Call:
                     memcpy(slot, self.send + off, ln)
                 else:  # Alltoall, Scatter (the others' blocks); Reduce_scatter_block (all)
                     for j in range(p):
-                        if j != r or self.kind == K_RSB:
+                        if j != r or (self.kind == K_RSB and not self.own_src):
                             memcpy(slot + j * self.piece, self.send + j * self.n + off, ln)
             node.slot_readers[i] = self.readers | (<uint64_t>self.folds_own << r)
             node.slot_gen[i] = self.gen
@@ -971,15 +977,21 @@ cdef class Call:
             self.tr = t + 1
         return DONE
 
+    cdef inline char *_src(self, int k, uint64_t t, Py_ssize_t off, Py_ssize_t sub) noexcept:
+        """Where member ``k``'s part of step ``t`` is: its slot, or this rank's own
+        input (``own_src``)."""
+        if self.own_src and k == self.node.rank:
+            return self.send + k * self.n + off
+        return self._slot_of(k, self.kbase[k] + t) + sub
+
     cdef int _fold(self, uint64_t t, Py_ssize_t off, Py_ssize_t ln, Py_ssize_t sub) except -1:
         cdef Node node = self.node
         cdef int k, p = node.size
         cdef char *out = self.recv + off
         if self.kernel:
-            sum_into(self.kernel, self._slot_of(0, self.kbase[0] + t) + sub,
-                 self._slot_of(1, self.kbase[1] + t) + sub, out, ln)
+            sum_into(self.kernel, self._src(0, t, off, sub), self._src(1, t, off, sub), out, ln)
             for k in range(2, p):
-                sum_into(self.kernel, out, self._slot_of(k, self.kbase[k] + t) + sub, out, ln)
+                sum_into(self.kernel, out, self._src(k, t, off, sub), out, ln)
             return 0
         if self.seg_arrs is None:
             self.seg_arrs = [np.frombuffer(node.owners[k], np.uint8) for k in range(p)]
@@ -988,6 +1000,10 @@ cdef class Call:
         segs = self.seg_arrs
         views = []
         for k in range(p):
+            if self.own_src and k == node.rank:
+                so = k * self.n + off
+                views.append(self.keep[0].reshape(-1).view(np.uint8)[so:so + ln].view(dt))
+                continue
             so = OFF_DATA + ((self.kbase[k] + t) % <uint64_t>node.nslots) * node.slot + sub
             views.append(segs[k][so:so + ln].view(dt))
         self.ufunc(views[0], views[1], out=o)
