@@ -1106,19 +1106,22 @@ async def object_collective_failures_reach_every_rank(comm):
 
 
 @case
-async def bcast_scatter_ring(comm):
-    """Bcast's scatter + ring allgather (large messages, 3 ranks or more), forced on with
-    small segments: every root, counts that do not divide by the size (blocks of
-    different lengths, segments that do not divide a block), one element per rank, byte
-    and float dtypes, a read-only root buffer; below one element per rank the tree
-    serves. Then the default switch point and segment, at the last rank as root."""
+async def bcast_chain(comm):
+    """Bcast's pipelined chain (large messages, 3 ranks or more; run with the node's
+    shared-memory engine off, so the general path serves it), forced on with small
+    segments: every root, counts that do not divide into segments, byte and float
+    dtypes, a read-only root buffer. Then the default switch point and segments, at
+    the last rank as root, with the segment count and the ranks' traffic checked:
+    each rank sends the message once, except the chain's last, which sends nothing."""
     p, r = comm.size, comm.rank
+    assert comm._shm is None or not ucxcomm.settings.get("UCXCOMM_SHM"), "engine on"
     saved = dict(algorithms.TUNING)
     try:
-        algorithms.TUNING["bcast_scatter_min"] = 0
+        algorithms.TUNING["bcast_chain_min"] = 0
+        algorithms.TUNING["bcast_chain_seg_min"] = 4096
         algorithms.TUNING["segment"] = 4096
         for dtype in (np.uint8, np.float64):
-            for n in (p - 1, p, p + 1, 7919, 3 * 4096 * p + 11):
+            for n in (1, p + 1, 7919, 3 * 4096 * p + 11):
                 for root in range(p):
                     want = inp(root, n, dtype, salt=n)
                     if r == root:
@@ -1127,14 +1130,23 @@ async def bcast_scatter_ring(comm):
                     else:
                         buf = np.zeros(n, dtype)
                     await comm.Bcast(buf, root=root)
-                    check(buf, want, ("bcast scatter+ring", np.dtype(dtype).name, n, root))
+                    check(buf, want, ("bcast chain", np.dtype(dtype).name, n, root))
         algorithms.TUNING.update(saved)
-        n = algorithms.TUNING["bcast_scatter_min"] // 8 * 3 + 5  # float64: above it
+        n = algorithms.TUNING["bcast_chain_min"] // 8 * 3 + 5  # float64: above it
         root = p - 1
         want = inp(root, n, np.float64, salt=1)
         buf = want.copy() if r == root else np.zeros(n, np.float64)
+        before = comm.stats()
         await comm.Bcast(buf, root=root)
-        check(buf, want, ("bcast scatter+ring, default tuning", n, root))
+        after = comm.stats()
+        check(buf, want, ("bcast chain, default tuning", n, root))
+        sent = sum(q["sent"]["bytes"] for q in after["peers"].values()) - sum(
+            q["sent"]["bytes"] for q in before["peers"].values())
+        last = (root - 1) % p
+        if r == last:
+            assert sent < 4096, ("the chain's last rank sent", sent)
+        else:
+            assert n * 8 <= sent < n * 8 + 4096, ("sent", sent, "of", n * 8)
     finally:
         algorithms.TUNING.update(saved)
 

@@ -38,7 +38,11 @@ TUNING = {
     "segment": 1 << 20,  # pipelining unit for host buffers
     "segment_gpu": 4 << 20,  # and for GPU buffers
     "allreduce_ring_min": 64 << 10,  # below: recursive doubling; above: ring
-    "bcast_scatter_min": 512 << 10,  # from here, at 3 ranks or more: scatter + ring
+    "bcast_chain_min": 512 << 10,  # from here, at 3 ranks or more: a pipelined chain
+    # the chain's segments: the message over (this many x (ranks - 1)) pieces, within
+    # [bcast_chain_seg_min, segment] bytes (its pipeline fills in (p - 2) segments)
+    "bcast_chain_pieces": 32,
+    "bcast_chain_seg_min": 32 << 10,
     # Bytes per message (Bcast, Allreduce: the buffer; the others: one rank's block) up
     # to which the node's shared-memory engine (comm/shm.py) serves each collective,
     # from the small paths' SMALL_MAX up; above, UCX's single-copy rendezvous (CMA)
@@ -366,51 +370,38 @@ def copy(ch: Chan, dst: Any, src: Any) -> None:
 # ------------------------------------------------------------------ one to all
 async def bcast(ch: Chan, buf: Buf, root: int) -> None:
     """Binomial tree; with more than two ranks large messages are forwarded segment by
-    segment as they arrive. From ``TUNING["bcast_scatter_min"]`` bytes at three ranks or
-    more (and an element per rank): van de Geijn's scatter + ring allgather.
+    segment as they arrive. From ``TUNING["bcast_chain_min"]`` bytes at three ranks or
+    more: a pipelined chain.
 
     The tree's root sends every byte to each of its ~log2(p) children, so on a network
-    its link carries log2(p) times the message; scatter + ring sends about 2(p-1)/p times
-    it on any link. Blocks are numbered by rank relative to the root: the root sends
-    block v to relative rank v, then the ring moves each block p-1 hops (v -> v+1),
-    segment by segment as they arrive. The root never receives (its buffer is read
-    only): it feeds the ring's first hop from its own copy, and relative rank p-1
-    sends nothing back to it."""
+    its link carries log2(p) times the message (a scatter + ring allgather, which this
+    replaced, about 2(p-1)/p times it). In the chain every rank receives the message
+    once from the rank before it, by relative rank, and forwards each segment to the
+    rank after it as it arrives: every link carries the message once, and the pipeline
+    takes (p - 2) segments more to fill, so segments are cut small
+    (``bcast_chain_pieces`` x (p - 1) of them, at least ``bcast_chain_seg_min``
+    bytes)."""
     p, r = ch.size, ch.rank
     if p == 1 or buf.n == 0:
         return
     v = (r - root) % p
-    if p > 2 and buf.n >= p and buf.n * buf.itemsize >= TUNING["bcast_scatter_min"]:
-        counts, displs = blocks(buf.n, p)
-        seg = seg_elems(buf)
-        bsegs = [segments(displs[b], displs[b] + counts[b], seg) for b in range(p)]
-        right = (r + 1) % p
-        out: list[Any] = []
+    nbytes = buf.n * buf.itemsize
+    if p > 2 and nbytes >= TUNING["bcast_chain_min"]:
+        seg_bytes = min(max(nbytes // (TUNING["bcast_chain_pieces"] * (p - 1)),
+                            TUNING["bcast_chain_seg_min"]),
+                        TUNING["segment_gpu"] if buf.device else TUNING["segment"])
+        segs = segments(0, buf.n, max(1, seg_bytes // buf.itemsize))
+        nxt = (r + 1) % p
         if v == 0:
-            # scatter (block b to relative rank b), then the ring's first hop: at step
-            # s, block -s to relative rank 1 (its sends to rank 1 match in this order)
-            out = [ch.send((b + root) % p, buf.part(lo, hi)) for b in range(1, p)
-                   for lo, hi in bsegs[b]]
-            out += [ch.send(right, buf.part(lo, hi)) for s in range(p - 1)
-                    for lo, hi in bsegs[-s % p]]
-            await ch.waitall(out)
+            await ch.waitall([ch.send(nxt, buf.part(lo, hi)) for lo, hi in segs])
             return
-        left = (r - 1) % p
-        fwd = v < p - 1  # (relative rank p-1's right is the root, which has it all)
-        mine = [ch.recv(root, buf.part(lo, hi)) for lo, hi in bsegs[v]]
-        # ring step s brings block v-1-s from the left; posted all at once, in the
-        # order the left sends them (for v == 1 the left is the root: after the scatter)
-        ring = [[ch.recv(left, buf.part(lo, hi)) for lo, hi in bsegs[(v - 1 - s) % p]]
-                for s in range(p - 1)]
-        for (lo, hi), fut in zip(bsegs[v], mine, strict=True):
+        prev = (r - 1) % p
+        recvs = [ch.recv(prev, buf.part(lo, hi)) for lo, hi in segs]
+        out: list[Any] = []
+        for (lo, hi), fut in zip(segs, recvs, strict=True):
             await ch.wait(fut)
-            if fwd:
-                out.append(ch.send(right, buf.part(lo, hi)))
-        for s in range(p - 1):
-            for (lo, hi), fut in zip(bsegs[(v - 1 - s) % p], ring[s], strict=True):
-                await ch.wait(fut)
-                if fwd and s < p - 2:
-                    out.append(ch.send(right, buf.part(lo, hi)))
+            if v < p - 1:
+                out.append(ch.send(nxt, buf.part(lo, hi)))
         await ch.waitall(out)
         return
     parent, children = binomial(v, p)

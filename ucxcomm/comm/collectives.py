@@ -486,8 +486,8 @@ class Collectives:
     async def Bcast(self, buf: Any, root: int = 0, *, timeout: float | None = None) -> None:
         """Broadcast ``buf`` from ``root`` into ``buf`` on every rank: on one host, the
         node's shared-memory engine above 8 KiB (``comm/shm.py``); otherwise a binomial
-        tree, segmented for large messages, or scatter + ring allgather from 512 KiB at
-        3 ranks or more."""
+        tree, segmented for large messages, or a pipelined chain from 512 KiB at 3 ranks
+        or more (every link carries the message once)."""
         if timeout is not None:
             return await self._deadline(self._Bcast, (buf, root), timeout, "Bcast")
         res = self._Bcast(buf, root)
