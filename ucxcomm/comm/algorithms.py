@@ -61,7 +61,7 @@ TUNING = {
     # from here (bytes per message, single-copy mode) a Bcast root and a Gather's
     # other ranks write a share of their readers' bytes into the readers' buffers
     # (process_vm_writev) while the readers read the rest: both sides copy (0: never)
-    "shm_push_min": 64 << 10,
+    "shm_push_min": 32 << 10,
     # from here (bytes), at 4 ranks or more, an Allreduce on the engine takes two stages
     # (reduce-scatter, then allgather) where its count splits into equal blocks
     "shm_allreduce_stages_min": 0,
