@@ -306,6 +306,66 @@ async def allreduce_in_two_stages(comm):
 
 
 @case
+async def reduce_in_two_stages(comm):
+    """From 4 ranks a Reduce whose count splits into equal blocks takes two engine
+    stages (reduce-scatter, then a gather to the root: two sequence numbers): every
+    root, the root's result the rank-order fold, in place at the root, a numpy-kernel
+    op, odd ranks on the general entry, the non-roots' scratch reused; ranks that
+    disagree about the root, or a rank on the one-call form, meet a
+    CollectiveMismatch on every rank, not a hang."""
+    r, p = comm.rank, comm.size
+    assert p >= 4
+    odd = r % 2 == 1
+    g = comm._group
+    tuning = algorithms.TUNING
+    assert tuning["shm_reduce_stages_min"] <= (1 << 20), "the sizes below are one-call"
+    for n in (tuning["shm_reduce_stages_min"] // 8 + 4 * p, (1 << 20) // 8):
+        for root in range(p):
+            x = _data(r, n, np.float64) / 3
+            out = np.full(n, -1.0) if r == root else None
+            before = g.last_seq
+            await comm.Reduce(memoryview(x) if odd else x,
+                              None if out is None else (memoryview(out) if odd else out),
+                              root=root, timeout=T)
+            assert g.last_seq == (before + 2) & ucxcomm.TAG_UB, "not two stages"
+            if r == root:
+                ref = _data(0, n, np.float64) / 3
+                for k in range(1, p):
+                    ref = ref + _data(k, n, np.float64) / 3
+                assert np.array_equal(out, ref), ("not the rank-order fold", root)
+            y = _data(r, n, np.int64)
+            if r == root:
+                await comm.Reduce(IN_PLACE, y, op=ucxcomm.MAX, root=root, timeout=T)
+                assert np.array_equal(y, np.max([_data(k, n, np.int64) for k in range(p)],
+                                                axis=0))
+            else:
+                await comm.Reduce(y, None, op=ucxcomm.MAX, root=root, timeout=T)
+                assert np.array_equal(y, _data(r, n, np.int64)), "input written"
+        req = comm.Ireduce(x, out, root=p - 1)
+        await asyncio.wait_for(req, T)
+    _engine(comm)
+    if not g.check:
+        return None  # (checks off: a mismatch is the caller's to avoid)
+    n = tuning["shm_reduce_stages_min"] // 8 + 4 * p
+    out = np.full(n, -7.0)
+    exc = await _raises(ucxcomm.CollectiveMismatch, lambda: comm.Reduce(
+        np.ones(n), out, root=0 if r else 1, timeout=T))
+    assert f"Reduce(float64[{n}]" in str(exc), exc
+    assert (out == -7.0).all()
+    saved = tuning["shm_reduce_stages_min"]
+    if r == 0:
+        tuning["shm_reduce_stages_min"] = 1 << 62
+    exc = await _raises(ucxcomm.CollectiveMismatch,
+                        lambda: comm.Reduce(np.ones(n), out, root=1, timeout=T))
+    assert f"Reduce(float64[{n}]" in str(exc), exc
+    tuning["shm_reduce_stages_min"] = saved
+    await comm.Reduce(np.ones(n), out, root=2, timeout=T)
+    if r == 2:
+        assert (out == p).all()
+    _engine(comm)
+
+
+@case
 async def single_copy_mode(comm):
     """Large Bcast, Allgather and Alltoall read straight out of the writers' buffers
     (no piece through the segments) unless UCXCOMM_SHM_DIRECT=no; the data is right

@@ -1244,6 +1244,9 @@ cdef class Entry:
         cdef char *sp = self._ptr(send, False, &nb, &isz)
         if sp == NULL or not self._fits(K_REDUCE, nb, True):
             return None
+        if (self.size >= 4 and nb % (self.size * isz) == 0
+                and nb >= self.tuning["shm_reduce_stages_min"]):
+            return None  # (two stages: the Python entry)
         cdef char *rp = sp
         if root == self.rank:
             rp = self._ptr(recv, True, &rnb, &risz)

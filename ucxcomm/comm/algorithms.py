@@ -65,6 +65,9 @@ TUNING = {
     # from here (bytes), at 4 ranks or more, an Allreduce on the engine takes two stages
     # (reduce-scatter, then allgather) where its count splits into equal blocks
     "shm_allreduce_stages_min": 0,
+    # and a Reduce (reduce-scatter, then a gather to the root; below it the root's fold
+    # of every piece was faster at 4 ranks on 2 cores: 64 KiB 21 us against 72-77 us)
+    "shm_reduce_stages_min": 256 << 10,
     # ranks outnumber cores (spinners yield): reductions above this take the ring. It
     # was 1 MiB while a waiter that had spent 5 ms in a call polled every 0.5 ms even as
     # pieces kept moving (Reduce_scatter_block 64 MiB at 4 ranks on 2 cores took 3.5x

@@ -67,6 +67,8 @@ _UNMADE = object()  # Collectives._fast before the first call makes it
 # The fingerprint roots of an Allreduce's two stages on the engine (a rank in one stage
 # and a rank in a one-stage Allreduce, or in the other stage, do not match)
 _STAGE_RS, _STAGE_AG = -3, -4
+# and of a Reduce's to root k: -5 - 2k (reduce-scatter) and -6 - 2k (gather)
+_STAGE_REDUCE = -5
 _EMPTY = np.empty(0, np.uint8)  # a barrier's data
 
 _checked_ops: dict[tuple[str, Any], bool] = {}
@@ -231,6 +233,7 @@ class Collectives:
         "_next_seq",
         "_rd_scratch",
         "_shm",
+        "_stage_scratch",
         "_small",
         "_transport",
         "rank",
@@ -246,6 +249,8 @@ class Collectives:
         self._next_seq = group.next_seq
         # Scratch of the small-Allreduce path: (dtype, shape, array, target) or None.
         self._rd_scratch: tuple[Any, Any, Any, Any] | None = None
+        # A non-root's block of a two-stage Reduce on the engine (see _shm_reduce).
+        self._stage_scratch: Any = None
         self._small = SmallCollectives(group)
         # Up to SMALL_MAX_RANKS: the compiled small collectives and their Allreduce
         # (_UNMADE until the first call makes them; not a bound method of this object,
@@ -321,7 +326,8 @@ class Collectives:
 
     def _shm_start(self, what: str, nbytes: int, send: Any, recv: Any, n: int,
                    root: int = -1, op: Any = None, ufunc: Any = None, count: int = -1,
-                   kind: str | None = None) -> Awaitable[None] | None:
+                   kind: str | None = None, fp_root: int | None = None
+                   ) -> Awaitable[None] | None:
         """Start ``what`` on the node's shared-memory engine (``comm/shm.py``) when it
         serves this communicator and ``nbytes`` (per message) is in its range: DONE or
         the rest to await; None: take another path. Arguments are checked; this takes
@@ -329,7 +335,8 @@ class Collectives:
         ``recv``'s own block or all of it, in place); ``n``: bytes, as
         :class:`ucxcomm.comm._shm.Call` counts them; ``count``: the fingerprint's;
         ``kind``: the engine's collective that serves ``what`` (default: ``what``;
-        a stage of a composite, whose fingerprint ``root`` tells apart)."""
+        a stage of a composite, whose fingerprint root ``fp_root``, default ``root``,
+        tells apart)."""
         sh = self._shm
         if sh is _UNMADE:
             sh = self._shm = NodeShm(self._group) if NodeShm.usable(self._group) else None
@@ -343,12 +350,13 @@ class Collectives:
             self._entry = sh.make_entry(_lean_ufunc)
         fp = None
         if self._group.check:
-            key = (what, root, recv.dtype, count, op)
+            fr = root if fp_root is None else fp_root
+            key = (what, fr, recv.dtype, count, op)
             fp = sh.fps.get(key)
             if fp is None:
                 if len(sh.fps) > 64:
                     sh.fps.clear()
-                fp = sh.fps[key] = fingerprint.make(what, fingerprint.SHM, op, root,
+                fp = sh.fps[key] = fingerprint.make(what, fingerprint.SHM, op, fr,
                                                     recv.dtype, count)
         kernel = 0
         if op is not None:
@@ -383,6 +391,76 @@ class Collectives:
                 return self._allreduce_stage2(first, flat, mine)
         return self._shm_start("Allreduce", nbytes, send, recv, nbytes, op=op, ufunc=ufunc,
                                count=recv.size)
+
+    def _shm_reduce(self, send: Any, recv: Any, op: Any, ufunc: Any, root: int
+                    ) -> Awaitable[None] | None:
+        """A Reduce of host arrays (checked; ``recv`` None off the root) on the engine,
+        as :meth:`_shm_start`. From 4 ranks and ``TUNING["shm_reduce_stages_min"]``
+        bytes, when the count splits into equal blocks, in two stages, as MPICH's
+        reduce-scatter + gather: each member folds one block of every member's input,
+        then the root gathers the folded blocks (its own is already in place), instead
+        of the root folding all of it."""
+        p, r, nbytes = self.size, self.rank, send.nbytes
+        if (p >= 4 and send.size % p == 0
+                and nbytes >= alg.TUNING["shm_reduce_stages_min"]):
+            blk = send.size // p
+            flat = None
+            if r == root:
+                flat = recv.reshape(-1)
+                mine = flat[r * blk:(r + 1) * blk]
+            else:
+                cache = self._stage_scratch
+                if cache is not None and cache.dtype == send.dtype and cache.size == blk:
+                    mine, self._stage_scratch = cache, None  # (a concurrent call: its own)
+                else:
+                    mine = np.empty(blk, send.dtype)
+            first = self._shm_start("Reduce", mine.nbytes, send, mine, mine.nbytes, -1, op,
+                                    ufunc, count=send.size, kind="Reduce_scatter_block",
+                                    fp_root=_STAGE_REDUCE - 2 * root)
+            if first is not None:
+                return self._reduce_stage2(first, flat, mine, root)
+            if flat is None:
+                self._stage_scratch = mine
+        return self._shm_start("Reduce", nbytes, send, send if recv is None else recv, nbytes,
+                               root, op, ufunc, count=send.size)
+
+    def _reduce_stage2(self, first: Awaitable[None], flat: Any, mine: Any, root: int
+                       ) -> Awaitable[None]:
+        """After a Reduce's reduce-scatter stage ``first`` (DONE, or its rest): the
+        gather to ``root`` (``flat``: its output; None elsewhere, ``mine`` scratch)."""
+
+        def second() -> Awaitable[None]:
+            res = self._shm_start("Reduce", mine.nbytes, mine, mine if flat is None else flat,
+                                  mine.nbytes, root, count=mine.size * self.size,
+                                  kind="Gather", fp_root=_STAGE_REDUCE - 1 - 2 * root)
+            if res is None:  # (the first stage's size fits the second's range)
+                raise UcxCommError("Reduce: the engine refused its second stage")
+            return res
+
+        def keep() -> None:
+            if flat is None:
+                self._stage_scratch = mine
+
+        if first is DONE:
+            res = second()
+            if res is DONE:
+                keep()
+                return res
+
+            async def tail() -> None:
+                await res
+                keep()
+
+            return tail()
+
+        async def rest() -> None:
+            await first
+            res = second()
+            if res is not DONE:
+                await res
+            keep()
+
+        return rest()
 
     def _allreduce_stage2(self, first: Awaitable[None], flat: Any, mine: Any
                           ) -> Awaitable[None]:
@@ -558,10 +636,8 @@ class Collectives:
                                            and recvbuf.dtype == sendbuf.dtype
                                            and recvbuf.size == sendbuf.size))
                 and (ufunc := _lean_ufunc(op, sendbuf))
-                and (res := self._shm_start(
-                    "Reduce", sendbuf.nbytes, sendbuf,
-                    sendbuf if self.rank != root else recvbuf, sendbuf.nbytes, root, op,
-                    ufunc, count=sendbuf.size))):
+                and (res := self._shm_reduce(sendbuf, recvbuf if self.rank == root else None,
+                                             op, ufunc, root))):
             return res  # (the engine's lean entry)
         recv: Buf | None = None
         if self.rank == root:
@@ -576,9 +652,8 @@ class Collectives:
                 raise ValueError("Reduce: IN_PLACE is allowed at the root only")
             send = self._buf(sendbuf, False, "Reduce send buffer")
         ufunc = _ufunc(op, send.arr)
-        if not send.device and (res := self._shm_start(
-                "Reduce", send.arr.nbytes, send.arr, send.arr if recv is None else recv.arr,
-                send.arr.nbytes, root, op, ufunc, count=send.n)):
+        if not send.device and (res := self._shm_reduce(
+                send.arr, None if recv is None else recv.arr, op, ufunc, root)):
             return res
         ch = self._chan("Reduce", send, fp=self._fp("Reduce", send, send.n, root, op))
         return self._run(ch, alg.reduce(ch, send, recv, root, ufunc))
