@@ -692,10 +692,22 @@ async def test_the_bind_address_is_honoured():
     async def handler(ep):  # pragma: no cover - never reached
         await ep.close()
 
-    async with await listen(handler, 0, host="127.0.0.2") as lst:
-        assert lst.ip == "127.0.0.2"
-        with pytest.raises(ucxcomm.PeerFailure, match="refused"):
-            await connect("127.0.0.1", lst.port, timeout=10)
+    # The same port on 127.0.0.1 is held bound and not listening, so a connection there
+    # is refused for sure (a process of another test listening on that port by chance
+    # accepted the TCP connection once, and the connect timed out instead).
+    for _ in range(20):
+        async with await listen(handler, 0, host="127.0.0.2") as lst:
+            assert lst.ip == "127.0.0.2"
+            guard = socket.socket()
+            try:
+                guard.bind(("127.0.0.1", lst.port))
+            except OSError:
+                guard.close()
+                continue  # (taken on 127.0.0.1: another port)
+            with guard, pytest.raises(ucxcomm.PeerFailure, match="refused"):
+                await connect("127.0.0.1", lst.port, timeout=10)
+            return
+    pytest.fail("no port was free on both 127.0.0.1 and 127.0.0.2")
 
 
 # ------------------------------------------------------------------ safe codec

@@ -45,6 +45,24 @@ def _data(rank, n, dtype, salt=0):
     return (k + 1).astype(dtype)
 
 
+async def _more_allreduces(comm, n, result):
+    """``result`` (an Allreduce's output) is the same bytes on every rank; then an
+    in-place MAX and a float16 PROD (numpy's kernel) of ``n`` elements, checked."""
+    r, p = comm.rank, comm.size
+    every = await comm.allgather(result.tobytes())
+    assert all(e == every[0] for e in every), "Allreduce differs between ranks"
+    y = _data(r, n, np.int64)
+    await comm.Allreduce(IN_PLACE, y, op=ucxcomm.MAX, timeout=T)
+    assert np.array_equal(y, np.max([_data(k, n, np.int64) for k in range(p)], axis=0))
+    h = _data(r, n, np.float16)
+    hp = np.empty_like(h)
+    await comm.Allreduce(h, hp, op=ucxcomm.PROD, timeout=T)  # (numpy's kernel)
+    ref16 = _data(0, n, np.float16)
+    for k in range(1, p):
+        ref16 = ref16 * _data(k, n, np.float16)
+    assert np.array_equal(hp, ref16)
+
+
 @case
 async def every_collective_every_size(comm):
     """Bcast (every root), Allgather, Alltoall, Allreduce and Reduce_scatter_block just
@@ -85,18 +103,7 @@ async def every_collective_every_size(comm):
                 not comm._shm.crowded or n * 8 <= tuning["shm_max_fold_crowded"]):
             assert np.array_equal(s, ref), "not the rank-order fold"  # (the engine's)
         assert np.allclose(s, ref)
-        every = await comm.allgather(s.tobytes())
-        assert all(e == every[0] for e in every), "Allreduce differs between ranks"
-        y = _data(r, n, np.int64)
-        await comm.Allreduce(IN_PLACE, y, op=ucxcomm.MAX, timeout=T)
-        assert np.array_equal(y, np.max([_data(k, n, np.int64) for k in range(p)], axis=0))
-        h = _data(r, n, np.float16)
-        hp = np.empty_like(h)
-        await comm.Allreduce(h, hp, op=ucxcomm.PROD, timeout=T)  # (numpy's kernel)
-        ref16 = _data(0, n, np.float16)
-        for k in range(1, p):
-            ref16 = ref16 * _data(k, n, np.float16)
-        assert np.array_equal(hp, ref16)
+        await _more_allreduces(comm, n, s)
         rs_in = _data(r, blk * p, np.float32)
         rs_out = np.empty(blk, np.float32)
         await comm.Reduce_scatter_block(rs_in, rs_out, timeout=T)
@@ -272,18 +279,7 @@ async def allreduce_in_two_stages(comm):
         for k in range(1, p):
             ref = ref + _data(k, n, np.float64) / 3
         assert np.array_equal(out, ref), "not the rank-order fold"
-        every = await comm.allgather(out.tobytes())
-        assert all(e == every[0] for e in every), "Allreduce differs between ranks"
-        y = _data(r, n, np.int64)
-        await comm.Allreduce(IN_PLACE, y, op=ucxcomm.MAX, timeout=T)
-        assert np.array_equal(y, np.max([_data(k, n, np.int64) for k in range(p)], axis=0))
-        h = _data(r, n, np.float16)
-        hp = np.empty_like(h)
-        await comm.Allreduce(h, hp, op=ucxcomm.PROD, timeout=T)
-        ref16 = _data(0, n, np.float16)
-        for k in range(1, p):
-            ref16 = ref16 * _data(k, n, np.float16)
-        assert np.array_equal(hp, ref16)
+        await _more_allreduces(comm, n, out)
         ireq = comm.Iallreduce(x, out)
         await asyncio.wait_for(ireq, T)
         assert np.array_equal(out, ref)

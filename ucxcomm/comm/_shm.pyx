@@ -1030,7 +1030,7 @@ cdef class Entry:
     then takes it, and gives the errors."""
 
     cdef object sh, group, next_seq, check_open, rec, done, make_fp, kernel_of, ufunc_of
-    cdef object tuning, waiting, cid, plain_dt, last_op, last_dt, last_ufunc, tag_ub
+    cdef object tuning, waiting, cid, last_op, last_dt, last_ufunc, tag_ub
     cdef int tag_bits
     cdef Node node
     cdef int rank, size, last_kernel
@@ -1063,19 +1063,11 @@ cdef class Entry:
         self.fp_dt, self.fp_op, self.fp_val = [None] * 9, [None] * 9, [None] * 9
         self.last_kernel = -1
 
-    cdef bint _plain(self, object dt) except -1:
-        if dt is self.plain_dt:
-            return True
-        if dt.hasobject:
-            return False
-        self.plain_dt = dt
-        return True
-
     cdef char *_ptr(self, object arr, bint writable, Py_ssize_t *nbytes, Py_ssize_t *isz):
         """The first byte of ``arr`` when it is a C-contiguous numpy array of plain
         data (writable where asked), its bytes and item size; NULL: not one."""
         cdef Py_buffer v
-        if type(arr) is not _ndarray or not self._plain(arr.dtype):
+        if type(arr) is not _ndarray or arr.dtype.hasobject:
             return NULL
         try:
             PyObject_GetBuffer(arr, &v, PyBUF_C_CONTIGUOUS

@@ -121,6 +121,29 @@ def _lean_ufunc(op: Any, arr: np.ndarray) -> Any:
     return ufunc
 
 
+def _then(first: Awaitable[None], second: Callable[[], Awaitable[None]],
+          after: Callable[[], None] | None = None) -> Awaitable[None]:
+    """``first`` (DONE, or the rest to await), then ``second()`` (the same), then
+    ``after()``: DONE when all of it finished here, else the rest."""
+    res = second() if first is DONE else None
+    if res is DONE or (res is not None and after is None):
+        if res is DONE and after is not None:
+            after()
+        return res
+
+    async def rest() -> None:
+        nonlocal res
+        if res is None:
+            await first
+            res = second()
+        if res is not DONE:
+            await res
+        if after is not None:
+            after()
+
+    return rest()
+
+
 def _counts(counts: Any, size: int, what: str) -> list[int]:
     try:
         out = [int(c) for c in counts]
@@ -438,29 +461,9 @@ class Collectives:
             return res
 
         def keep() -> None:
-            if flat is None:
-                self._stage_scratch = mine
+            self._stage_scratch = mine
 
-        if first is DONE:
-            res = second()
-            if res is DONE:
-                keep()
-                return res
-
-            async def tail() -> None:
-                await res
-                keep()
-
-            return tail()
-
-        async def rest() -> None:
-            await first
-            res = second()
-            if res is not DONE:
-                await res
-            keep()
-
-        return rest()
+        return _then(first, second, keep if flat is None else None)
 
     def _allreduce_stage2(self, first: Awaitable[None], flat: Any, mine: Any
                           ) -> Awaitable[None]:
@@ -473,16 +476,7 @@ class Collectives:
                 raise UcxCommError("Allreduce: the engine refused its second stage")
             return res
 
-        if first is DONE:
-            return second()
-
-        async def rest() -> None:
-            await first
-            res = second()
-            if res is not DONE:
-                await res
-
-        return rest()
+        return _then(first, second)
 
     def _chan(self, what: str, *bufs: Buf | None, fp: bytes | None = None) -> Chan:
         """A fresh collective channel (takes the next sequence number: call only once
