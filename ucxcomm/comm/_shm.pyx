@@ -1197,53 +1197,37 @@ cdef class Entry:
                 return None
         return self._go(K_ALLREDUCE, send, sp, recv, rp, nb, -1, op, nb // isz, nb)
 
-    def gather(self, send, recv, root):
-        cdef Py_ssize_t nb, rnb, isz, risz
+    cdef object _rooted(self, int kind, object mine, object other, object root,
+                        object op, Py_ssize_t mult):
+        """Gather, Scatter or Reduce: ``mine`` this rank's buffer (the block it sends;
+        a Scatter's receive buffer), ``other`` the root's buffer of ``mult`` blocks
+        (the receive buffer; a Scatter's send buffer)."""
+        cdef Py_ssize_t nb, onb, isz, oisz
+        cdef bint scatter = kind == K_SCATTER
         if type(root) is not int or not 0 <= root < self.size:
             return None
-        cdef char *sp = self._ptr(send, False, &nb, &isz)
-        if sp == NULL or not self._fits(K_GATHER, nb, False):
+        cdef char *mp = self._ptr(mine, scatter, &nb, &isz)
+        if mp == NULL or not self._fits(kind, nb, op is not None):
             return None
-        cdef char *rp = sp
-        if root == self.rank:
-            rp = self._ptr(recv, True, &rnb, &risz)
-            if rp == NULL or rnb != nb * self.size or send.dtype is not recv.dtype:
-                return None
-        else:
-            recv = send
-        return self._go(K_GATHER, send, sp, recv, rp, nb, root, None, nb // isz, nb)
-
-    def scatter(self, send, recv, root):
-        cdef Py_ssize_t nb, snb, isz, sisz
-        if type(root) is not int or not 0 <= root < self.size:
-            return None
-        cdef char *rp = self._ptr(recv, True, &nb, &isz)
-        if rp == NULL or not self._fits(K_SCATTER, nb, False):
-            return None
-        cdef char *sp = rp
-        if root == self.rank:
-            sp = self._ptr(send, False, &snb, &sisz)
-            if sp == NULL or snb != nb * self.size or send.dtype is not recv.dtype:
-                return None
-        else:
-            send = recv
-        return self._go(K_SCATTER, send, sp, recv, rp, nb, root, None, nb // isz, nb)
-
-    def reduce(self, send, recv, op, root):
-        cdef Py_ssize_t nb, rnb, isz, risz
-        if type(root) is not int or not 0 <= root < self.size:
-            return None
-        cdef char *sp = self._ptr(send, False, &nb, &isz)
-        if sp == NULL or not self._fits(K_REDUCE, nb, True):
-            return None
-        if (self.size >= 4 and nb % (self.size * isz) == 0
+        if (kind == K_REDUCE and self.size >= 4 and nb % (self.size * isz) == 0
                 and nb >= self.tuning["shm_reduce_stages_min"]):
             return None  # (two stages: the Python entry)
-        cdef char *rp = sp
+        cdef char *op_ = mp
         if root == self.rank:
-            rp = self._ptr(recv, True, &rnb, &risz)
-            if rp == NULL or rnb != nb or send.dtype is not recv.dtype:
+            op_ = self._ptr(other, not scatter, &onb, &oisz)
+            if op_ == NULL or onb != nb * mult or mine.dtype is not other.dtype:
                 return None
         else:
-            recv = send
-        return self._go(K_REDUCE, send, sp, recv, rp, nb, root, op, nb // isz, nb)
+            other = mine
+        if scatter:
+            return self._go(kind, other, op_, mine, mp, nb, root, op, nb // isz, nb)
+        return self._go(kind, mine, mp, other, op_, nb, root, op, nb // isz, nb)
+
+    def gather(self, send, recv, root):
+        return self._rooted(K_GATHER, send, recv, root, None, self.size)
+
+    def scatter(self, send, recv, root):
+        return self._rooted(K_SCATTER, recv, send, root, None, self.size)
+
+    def reduce(self, send, recv, op, root):
+        return self._rooted(K_REDUCE, send, recv, root, op, 1)
