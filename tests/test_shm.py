@@ -326,6 +326,11 @@ def test_reduce_in_two_stages(env):
     run_case(SHM_CASES, "reduce_in_two_stages", 4, env=env)
 
 
+@pytest.mark.parametrize("env", [{}, {"UCXCOMM_CHECK_COLLECTIVES": "0"}])
+def test_bad_input_once_the_engine_is_up(env):
+    run_case(SHM_CASES, "bad_input_once_the_engine_is_up", 3, env=env)
+
+
 def test_single_copy_mode_is_used_and_can_be_refused():
     run_case(SHM_CASES, "single_copy_mode", 3)
     run_case(SHM_CASES, "single_copy_mode", 3, env={"UCXCOMM_SHM_DIRECT": "no"})

@@ -362,6 +362,57 @@ async def reduce_in_two_stages(comm):
 
 
 @case
+async def bad_input_once_the_engine_is_up(comm):
+    """Once the engine's compiled entry exists (after a first call), every bad argument
+    it passes on still gets the Python entry's clear error at the call: no sequence
+    number taken, no buffer written; the next good call works on every rank."""
+    r, p = comm.rank, comm.size
+    n = 4096 * p
+    b = np.zeros(n)
+    await comm.Bcast(b, root=0, timeout=T)
+    assert comm._entry is not None, "the compiled entry was not made"
+    g = comm._group
+    ro = np.zeros(n)
+    ro.flags.writeable = False
+    strided = np.zeros(2 * n)[::2]
+    out = np.full(n, -7.0)
+    blk = np.full(n // p, -7.0)
+    f32 = np.ones(n // p, np.float32)
+    cases = [
+        (ValueError, "read-only", lambda: comm.Bcast(ro, root=(r + 1) % p)),
+        (ValueError, "out of range", lambda: comm.Bcast(b, root=p)),
+        (TypeError, "dtypes differ", lambda: comm.Allgather(f32, out)),
+        (ValueError, "expected", lambda: comm.Allgather(np.ones(n // p + 1), out)),
+        (ValueError, "not contiguous", lambda: comm.Alltoall(np.ones(n), strided)),
+        (ValueError, "counts differ", lambda: comm.Alltoall(np.ones(n + p), out)),
+        (TypeError, "ucxcomm.Op", lambda: comm.Allreduce(np.ones(n), out, op="sum")),
+        (TypeError, "not defined", lambda: comm.Allreduce(
+            np.ones(n, complex), np.zeros(n, complex), op=ucxcomm.MAX)),
+        (ValueError, "needed", lambda: comm.Reduce_scatter_block(
+            np.ones(n), np.zeros(n // p - 1))),
+        (ValueError, "equal blocks", lambda: comm.Gather(np.ones(n // p), blk, root=r)),
+        (TypeError, "object", lambda: comm.Gather(np.empty(n // p, object), out, root=r)),
+        (ValueError, "equal blocks", lambda: comm.Scatter(np.ones(n + 1), blk, root=r)),
+        (ValueError, "needs a receive buffer", lambda: comm.Reduce(np.ones(n), None, root=r)),
+    ]
+    for kind, text, call in cases:
+        before = g.last_seq
+        try:
+            await asyncio.wait_for(call(), T)
+        except kind as e:
+            exc = e
+        else:
+            raise AssertionError(f"no {kind.__name__} ({text})")
+        assert text in str(exc), (text, exc)
+        assert g.last_seq == before, ("a sequence number was taken", text)
+        assert (out == -7.0).all() and (blk == -7.0).all(), ("a buffer was written", text)
+    x = np.full(n, r + 1.0)
+    await comm.Allreduce(x, out, timeout=T)
+    assert (out == p * (p + 1) / 2).all()
+    _engine(comm)
+
+
+@case
 async def single_copy_mode(comm):
     """Large Bcast, Allgather and Alltoall read straight out of the writers' buffers
     (no piece through the segments) unless UCXCOMM_SHM_DIRECT=no; the data is right
