@@ -408,8 +408,8 @@ class Collectives:
             flat = recv.reshape(-1)
             mine = flat[self.rank * blk:(self.rank + 1) * blk]
             first = self._shm_start("Allreduce", mine.nbytes, send, mine, mine.nbytes,
-                                    _STAGE_RS, op, ufunc, count=recv.size,
-                                    kind="Reduce_scatter_block")
+                                    -1, op, ufunc, count=recv.size,
+                                    kind="Reduce_scatter_block", fp_root=_STAGE_RS)
             if first is not None:
                 return self._allreduce_stage2(first, flat, mine)
         return self._shm_start("Allreduce", nbytes, send, recv, nbytes, op=op, ufunc=ufunc,
@@ -471,7 +471,7 @@ class Collectives:
 
         def second() -> Awaitable[None]:
             res = self._shm_start("Allreduce", mine.nbytes, mine, flat, mine.nbytes,
-                                  _STAGE_AG, count=flat.size, kind="Allgather")
+                                  count=flat.size, kind="Allgather", fp_root=_STAGE_AG)
             if res is None:  # (the first stage's size fits the second's range)
                 raise UcxCommError("Allreduce: the engine refused its second stage")
             return res
