@@ -95,6 +95,16 @@ def test_gpu_collectives(nranks):
     run_case(COLL_CASES, "gpu_collectives", nranks)
 
 
+@pytest.mark.parametrize("hosts", ["0,0,1,1", "0,0,0,1,1", "0,1,1", "0,1,0,1", "a,b,b,c,c,c"])
+def test_hierarchical_collectives(hosts):
+    """Ranks on several hosts (host labels), some sharing one: the large Allreduce,
+    Allgather(v) and Reduce_scatter(_block) go through one leader per host (results and
+    each rank's traffic checked); interleaved hosts keep the flat ring for the block
+    collectives."""
+    run_case(COLL_CASES, "hierarchical_collectives", len(hosts.split(",")),
+             env={"UCXCOMM_TEST_HOSTS": hosts}, timeout=180)
+
+
 @pytest.mark.parametrize("nranks", [3, 4, 5])
 def test_bcast_chain(nranks):
     """Large Bcast at 3 ranks or more off the engine (a pipelined chain): odd sizes,

@@ -47,11 +47,13 @@ def is_loopback(host: str) -> bool:
 def host_identity() -> bytes:
     """What two processes share when they can reach each other's shared memory: the
     kernel's boot id and the network and IPC namespaces (empty when unknown: never
-    treated as the same host)."""
+    treated as the same host), then ``UCXCOMM_HOST_LABEL`` if set (ranks whose labels
+    differ count as different hosts; a label never makes two hosts one)."""
     try:
         with open("/proc/sys/kernel/random/boot_id", "rb") as f:
             boot = f.read().strip()
         net, ipc = (os.stat(f"/proc/self/ns/{ns}").st_ino for ns in ("net", "ipc"))
     except OSError:
         return b""
-    return boot + f":{net}:{ipc}".encode()
+    label = settings.get("UCXCOMM_HOST_LABEL")
+    return boot + f":{net}:{ipc}".encode() + (b":" + os.fsencode(label) if label else b"")

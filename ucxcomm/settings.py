@@ -169,6 +169,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "operations each process's flight recorder keeps (1-65535; those still in "
             "flight are never overwritten): comm.trace(), ucxcomm status; 0 turns it off "
             "(about 25-45 ns per operation, docs/debugging.md)"),
+    Setting("UCXCOMM_HOST_LABEL", _text, None,
+            "appended to this rank's host identity: ranks whose labels differ count as "
+            "different hosts (no shared-memory engine between them; the hierarchical "
+            "collectives group ranks by host), e.g. to try the multi-host paths on one "
+            "machine or to group ranks by socket; it never joins real hosts"),
     Setting("UCXCOMM_SHM", _yes_no, True,
             "collectives of a communicator whose ranks share one host use the node's "
             "shared-memory engine for mid-size host buffers (comm/shm.py); must be the "

@@ -1151,5 +1151,98 @@ async def bcast_chain(comm):
         algorithms.TUNING.update(saved)
 
 
+def _sent(stats):
+    return {q: v["sent"]["bytes"] for q, v in stats["peers"].items()}
+
+
+@case
+async def hierarchical_collectives(comm):
+    """Ranks on several hosts, some sharing one (``UCXCOMM_TEST_HOSTS``: each rank's
+    ``UCXCOMM_HOST_LABEL``): Allreduce, Allgather(v) and Reduce_scatter(_block) from
+    ``hier_min`` bytes go through one leader per host. Results against numpy at sizes
+    around the switch and odd counts, in place too; then the traffic: a host's leader
+    sends across hosts at most what the hosts' ring needs, the other ranks nothing
+    (the flat ring sends each rank's share across)."""
+    p, r = comm.size, comm.rank
+    labels = os.environ["UCXCOMM_TEST_HOSTS"].split(",")
+    groups = {}
+    for q, lab in enumerate(labels):
+        groups.setdefault(lab, []).append(q)
+    mine = groups[labels[r]]
+    leader = mine[0]
+    contiguous = all(g == list(range(g[0], g[-1] + 1)) for g in groups.values())
+    hmin = algorithms.TUNING["hier_min"]
+    for n in (7, hmin // 8 - 1, hmin // 8 + 3, 3 * hmin // 8 * p + 5):
+        for dtype, op, ref in ((np.float64, ucxcomm.SUM, np.add), (np.int32, ucxcomm.MAX,
+                                                                    np.maximum)):
+            ins = [inp(q, n, dtype, salt=n) for q in range(p)]
+            want = ins[0].copy()
+            for x in ins[1:]:
+                want = ref(want, x)
+            out = np.zeros(n, dtype)
+            await comm.Allreduce(ins[r], out, op)
+            check(out, want, ("allreduce", n, np.dtype(dtype).name))
+            await same_everywhere(comm, out, ("allreduce", n))
+            buf = ins[r].copy()
+            await comm.Allreduce(IN_PLACE, buf, op)
+            check(buf, want, ("allreduce in place", n))
+            full = [inp(q, n * p, dtype, salt=n) for q in range(p)]
+            red = full[0].copy()
+            for x in full[1:]:
+                red = ref(red, x)
+            blk = np.zeros(n, dtype)
+            await comm.Reduce_scatter_block(full[r], blk, op)
+            check(blk, red[r * n:(r + 1) * n], ("reduce_scatter_block", n))
+            buf = full[r].copy()
+            await comm.Reduce_scatter_block(IN_PLACE, buf, op)
+            check(buf[:n], red[r * n:(r + 1) * n], ("reduce_scatter_block in place", n))
+        counts = [n + 3 * q for q in range(p)]
+        counts[p // 2] = 0  # (a rank with nothing)
+        displs = [sum(counts[:q]) for q in range(p)]
+        allg = np.zeros(sum(counts), np.float32)
+        await comm.Allgatherv(inp(r, counts[r], np.float32, salt=n), (allg, counts, displs))
+        for q in range(p):
+            check(allg[displs[q]:displs[q] + counts[q]], inp(q, counts[q], np.float32, salt=n),
+                  ("allgatherv", n, q))
+        whole = np.zeros(n * p, np.uint8)
+        whole[r * n:(r + 1) * n] = inp(r, n, np.uint8, salt=1)
+        await comm.Allgather(IN_PLACE, whole)
+        for q in range(p):
+            check(whole[q * n:(q + 1) * n], inp(q, n, np.uint8, salt=1), ("allgather", n, q))
+        red = np.zeros(sum(counts), np.int64)
+        full = [inp(q, sum(counts), np.int64, salt=n) for q in range(p)]
+        out = np.zeros(max(counts[r], 1), np.int64)
+        await comm.Reduce_scatter(full[r], out, counts, ucxcomm.SUM)
+        check(out[:counts[r]], sum(full)[displs[r]:displs[r] + counts[r]], ("reduce_scatter", n))
+    # The traffic of one large call each.
+    n = 4 * hmin // 8 * p
+    h = len(groups)
+    for what in ("Allreduce", "Allgather", "Reduce_scatter_block"):
+        if what != "Allreduce" and not contiguous:
+            continue  # (hosts' blocks not in one region each: the flat ring)
+        x = inp(r, n, np.float64)
+        before = _sent(comm.stats())
+        if what == "Allreduce":
+            await comm.Allreduce(x, np.zeros(n, np.float64))
+            share = 2 * (h - 1) * n * 8 // h  # the leaders' ring over h hosts
+        elif what == "Allgather":
+            await comm.Allgather(x[:n // p], np.zeros(n // p * p, np.float64))
+            share = n // p * 8 * p  # at most every other host's blocks
+        else:
+            await comm.Reduce_scatter_block(x, np.zeros(n // p, np.float64))
+            share = (n - min(len(g) for g in groups.values()) * (n // p)) * 8
+        after = _sent(comm.stats())
+        sent = {q: after.get(q, 0) - before.get(q, 0) for q in after}
+        others = sum(v for q, v in sent.items() if labels[q] != labels[r])
+        if r != leader:
+            assert others < 4096, (what, "across hosts from a non-leader", sent)
+        else:
+            assert others < share + 4096 * p, (what, "across hosts", others, share)
+        await comm.barrier()
+
+
 if __name__ == "__main__":
+    if os.environ.get("UCXCOMM_TEST_HOSTS"):  # (before init: each rank's own host label)
+        os.environ["UCXCOMM_HOST_LABEL"] = \
+            os.environ["UCXCOMM_TEST_HOSTS"].split(",")[int(os.environ["UCXCOMM_RANK"])]
     cases.main()

@@ -43,6 +43,12 @@ TUNING = {
     # [bcast_chain_seg_min, segment] bytes (its pipeline fills in (p - 2) segments)
     "bcast_chain_pieces": 32,
     "bcast_chain_seg_min": 32 << 10,
+    # from here (bytes of the whole vector), where a communicator spans two hosts or
+    # more and some host holds two of its ranks or more: Allreduce, Allgather(v) and
+    # Reduce_scatter(_block) in three phases (within each host, across hosts between
+    # one leader per host, within each host again), so the links between hosts carry
+    # each host's bytes once instead of each rank's (1 << 62: never)
+    "hier_min": 64 << 10,
     # Bytes per message (Bcast, Allreduce: the buffer; the others: one rank's block) up
     # to which the node's shared-memory engine (comm/shm.py) serves each collective,
     # from the small paths' SMALL_MAX up; above, UCX's single-copy rendezvous (CMA)
@@ -304,6 +310,65 @@ class Chan:
                 await self.worker.settle(fut)
 
 
+    def hosts(self) -> list[list[int]] | None:
+        """The communicator's ranks grouped by host (each group in rank order, the groups
+        in the order of their first rank) when they span two hosts or more and some
+        host holds two or more of them; None otherwise (every rank knows every rank's
+        host identity, so every rank gets the same answer)."""
+        g = self._group
+        hosts = g.world.hosts
+        if hosts is None:
+            return None
+        by: dict[bytes, list[int]] = {}
+        for r, m in enumerate(g.members):
+            h = hosts[m] if m < len(hosts) else b""
+            if not h:
+                return None  # (unknown: never grouped)
+            by.setdefault(h, []).append(r)
+        if len(by) < 2 or len(by) == self.size:
+            return None
+        return list(by.values())
+
+
+class SubChan(Chan):
+    """A :class:`Chan` seen through some of its ranks (``ranks``, in the sub-rank order;
+    this rank among them): the hierarchical collectives run the flat algorithms on a
+    host's ranks and on the hosts' leaders with the call's own tags. Messages between
+    one pair still match in posting order, and each phase's pairs post in phase order.
+    Only what the algorithms use is served (the call itself stays the parent's)."""
+
+    __slots__ = ("_ch", "_ranks")
+
+    def __init__(self, ch: Chan, ranks: Sequence[int]) -> None:  # (no Chan.__init__)
+        self._ch = ch
+        self._ranks = ranks
+        self.rank = ranks.index(ch.rank)
+        self.size = len(ranks)
+        self.sync = ch.sync
+        self.what = ch.what
+
+    def hosts(self) -> list[list[int]] | None:
+        return None  # (its phases are flat)
+
+    def send(self, peer: int, target: Target) -> asyncio.Future | None:
+        return self._ch.send(self._ranks[peer], target)
+
+    def recv(self, peer: int, target: Target) -> asyncio.Future | None:
+        return self._ch.recv(self._ranks[peer], target)
+
+    def recv_spin(self, peer: int, target: Target) -> asyncio.Future | None:
+        return self._ch.recv_spin(self._ranks[peer], target)
+
+    def scratch(self, like: Buf, n: int) -> Buf:
+        return self._ch.scratch(like, n)
+
+    async def wait(self, fut: asyncio.Future | None) -> None:
+        await self._ch.wait(fut)
+
+    async def waitall(self, futs: Iterable[asyncio.Future | None]) -> None:
+        await self._ch.waitall(futs)
+
+
 def _whole(result: tuple[int, int, int]) -> None:
     """A collective's message must fit its receive buffer (as UCX's posted receives
     enforce)."""
@@ -499,6 +564,9 @@ async def allreduce(ch: Chan, send: Buf, recv: Buf, ufunc: Any) -> None:
         if send.arr is not recv.arr and n:
             copy(ch, recv.arr, send.arr)
         return
+    if n * recv.itemsize >= TUNING["hier_min"] and (groups := ch.hosts()) is not None:
+        await _hier_allreduce(ch, send, recv, ufunc, groups)
+        return
     if n * recv.itemsize < TUNING["allreduce_ring_min"] or n < ch.size:
         tmp = ch.scratch(recv, n)
         await allreduce_recursive_doubling(ch, send.arr, send.target, recv.arr, recv.target,
@@ -507,6 +575,106 @@ async def allreduce(ch: Chan, send: Buf, recv: Buf, ufunc: Any) -> None:
     counts, displs = blocks(n, ch.size)
     await ring_reduce_scatter(ch, send, recv, counts, displs, ufunc, into_recv=True)
     await ring_allgatherv(ch, recv, counts, displs)
+
+
+# ------------------------------------------------------------ across hosts
+def _my_host(ch: Chan, groups: list[list[int]]) -> list[int]:
+    return next(g for g in groups if ch.rank in g)
+
+
+def _host_blocks(ch: Chan, counts: Sequence[int], displs: Sequence[int],
+                 nbytes: int) -> list[list[int]] | None:
+    """The host groups (:meth:`Chan.hosts`) when a call of ``nbytes`` bytes in all
+    takes the hierarchical path: from ``TUNING["hier_min"]``, and only where each
+    host's ranks are consecutive and so are their blocks (one region per host)."""
+    if nbytes < TUNING["hier_min"]:
+        return None
+    groups = ch.hosts()
+    if groups is None:
+        return None
+    for g in groups:
+        if g != list(range(g[0], g[-1] + 1)):
+            return None
+        if any(displs[q + 1] != displs[q] + counts[q] for q in g[:-1]):
+            return None
+    return groups
+
+
+async def _hier_allreduce(ch: Chan, send: Buf, recv: Buf, ufunc: Any,
+                          groups: list[list[int]]) -> None:
+    """Allreduce across hosts in three phases: each host's ranks reduce to its first
+    rank (the leader), the leaders allreduce among themselves (the ring), each leader
+    broadcasts to its host. Every host's link carries the vector about twice, against
+    about twice per rank of that host for the flat ring; the result is still the same
+    bytes on every rank (the leaders' ring fixes one order)."""
+    mine = _my_host(ch, groups)
+    leader = ch.rank == mine[0]
+    local = SubChan(ch, mine) if len(mine) > 1 else None
+    if local is not None:
+        await reduce(local, send, recv if leader else None, 0, ufunc)
+    elif send.arr is not recv.arr:
+        copy(ch, recv.arr, send.arr)
+    if leader:
+        await allreduce(SubChan(ch, [g[0] for g in groups]), recv, recv, ufunc)
+    if local is not None:
+        await bcast(local, recv, 0)
+
+
+async def allgatherv(ch: Chan, buf: Buf, counts: Sequence[int], displs: Sequence[int],
+                     own: Buf | None = None) -> None:
+    """:func:`ring_allgatherv`, or across hosts (:func:`_host_blocks`) three phases:
+    each host's blocks gathered by its leader, the hosts' regions ring-allgathered
+    among the leaders, the whole buffer broadcast within each host."""
+    groups = _host_blocks(ch, counts, displs, sum(counts) * buf.itemsize)
+    if groups is None:
+        await ring_allgatherv(ch, buf, counts, displs, own)
+        return
+    r = ch.rank
+    mine = _my_host(ch, groups)
+    leader = r == mine[0]
+    mine_blk = buf.part(displs[r], displs[r] + counts[r])
+    if leader:
+        futs = [ch.recv(q, buf.part(displs[q], displs[q] + counts[q]))
+                for q in mine[1:] if counts[q]]
+        if own is not None and counts[r]:
+            copy(ch, buf.arr[displs[r]:displs[r] + counts[r]], own.arr[:counts[r]])
+        await ch.waitall(futs)
+        hcounts = [sum(counts[q] for q in g) for g in groups]
+        await ring_allgatherv(SubChan(ch, [g[0] for g in groups]), buf, hcounts,
+                              [displs[g[0]] for g in groups])
+    elif counts[r]:
+        await ch.wait(ch.send(mine[0], own.part(0, counts[r]) if own is not None else mine_blk))
+    if len(mine) > 1:
+        await bcast(SubChan(ch, mine), buf, 0)
+
+
+async def reduce_scatter(ch: Chan, send: Buf, out: Buf, counts: Sequence[int],
+                         displs: Sequence[int], ufunc: Any) -> None:
+    """:func:`ring_reduce_scatter` into ``out`` (block ``r`` only), or across hosts
+    (:func:`_host_blocks`) three phases: each host's ranks reduce the whole vector to
+    the leader, the leaders reduce-scatter it by host region (ring), each leader
+    scatters its region's blocks within its host."""
+    groups = _host_blocks(ch, counts, displs, send.n * send.itemsize)
+    if groups is None:
+        await ring_reduce_scatter(ch, send, out, counts, displs, ufunc, into_recv=False)
+        return
+    r = ch.rank
+    mine = _my_host(ch, groups)
+    leader = r == mine[0]
+    local = SubChan(ch, mine) if len(mine) > 1 else None
+    acc = ch.scratch(send, send.n) if leader else None
+    if local is not None:
+        await reduce(local, send, acc, 0, ufunc)
+    if acc is not None:
+        await ring_reduce_scatter(SubChan(ch, [g[0] for g in groups]),
+                                  acc if local is not None else send, acc,
+                                  [sum(counts[q] for q in g) for g in groups],
+                                  [displs[g[0]] for g in groups], ufunc, into_recv=True)
+    if local is not None:
+        await scatterv(local, acc, [counts[q] for q in mine], [displs[q] for q in mine],
+                       out, 0)
+    elif acc is not None and counts[r]:
+        copy(ch, out.arr[:counts[r]], acc.arr[displs[r]:displs[r] + counts[r]])
 
 
 async def allreduce_recursive_doubling(ch: Chan, send: Any, send_target: Any, recv: Any,

@@ -217,13 +217,13 @@ COLLECTIVES: tuple[Collective, ...] = (
     Collective("Gatherv", "Igatherv", general=("gatherv",)),
     Collective("Scatter", "Iscatter", general=("scatterv",)),
     Collective("Scatterv", "Iscatterv", general=("scatterv",)),
-    Collective("Allgather", "Iallgather", "allgather", "allgather", ("ring_allgatherv",)),
-    Collective("Allgatherv", "Iallgatherv", general=("ring_allgatherv",)),
+    Collective("Allgather", "Iallgather", "allgather", "allgather", ("allgatherv",)),
+    Collective("Allgatherv", "Iallgatherv", general=("allgatherv",)),
     Collective("Alltoall", "Ialltoall", "alltoall", "alltoall", ("alltoallv",)),
     Collective("Alltoallv", "Ialltoallv", general=("alltoallv",)),
     Collective("Reduce_scatter_block", "Ireduce_scatter_block", "reduce_scatter_block",
-               "reduce_scatter_block", ("ring_reduce_scatter",)),
-    Collective("Reduce_scatter", "Ireduce_scatter", general=("ring_reduce_scatter",)),
+               "reduce_scatter_block", ("reduce_scatter",)),
+    Collective("Reduce_scatter", "Ireduce_scatter", general=("reduce_scatter",)),
     Collective("Scan", "Iscan", general=("scan",)),
     Collective("Exscan", "Iexscan", general=("scan",)),
     Collective("bcast", general=("_bcast_obj",)),
@@ -1019,7 +1019,7 @@ class Collectives:
                     alg.copy(ch, recv.arr[displs[r]:displs[r] + counts[r]], send.arr)
 
             return self._run(ch, run())
-        return self._run(ch, alg.ring_allgatherv(ch, recv, counts, displs, send))
+        return self._run(ch, alg.allgatherv(ch, recv, counts, displs, send))
 
     async def Allgather(self, sendbuf: Any, recvbuf: Any, *, timeout: float | None = None) -> None:
         """Every rank's ``sendbuf`` concatenated in rank order into every ``recvbuf``
@@ -1220,8 +1220,7 @@ class Collectives:
                 if counts[0] and src is not recv:
                     alg.copy(ch, recv.arr[:counts[0]], src.arr[:counts[0]])
                 return
-            await alg.ring_reduce_scatter(ch, src, recv, counts, displs, ufunc,
-                                          into_recv=False)
+            await alg.reduce_scatter(ch, src, recv, counts, displs, ufunc)
 
         return self._run(ch, run())
 
