@@ -1162,7 +1162,8 @@ async def hierarchical_collectives(comm):
     ``hier_min`` bytes go through one leader per host. Results against numpy at sizes
     around the switch and odd counts, in place too; then the traffic: a host's leader
     sends across hosts at most what the hosts' ring needs, the other ranks nothing
-    (the flat ring sends each rank's share across)."""
+    (the flat ring sends each rank's share across); and the chain Bcast from every root
+    crosses between hosts once per host boundary (hosts - 1 times)."""
     p, r = comm.size, comm.rank
     labels = os.environ["UCXCOMM_TEST_HOSTS"].split(",")
     groups = {}
@@ -1239,6 +1240,20 @@ async def hierarchical_collectives(comm):
         else:
             assert others < share + 4096 * p, (what, "across hosts", others, share)
         await comm.barrier()
+    # The chain Bcast, every root: host by host, so it crosses between hosts h - 1 times.
+    n = algorithms.TUNING["bcast_chain_min"] // 8 + 3
+    for root in range(p):
+        want = inp(root, n, np.float64, salt=root)
+        buf = want.copy() if r == root else np.zeros(n, np.float64)
+        before = _sent(comm.stats())
+        await comm.Bcast(buf, root=root)
+        after = _sent(comm.stats())
+        check(buf, want, ("bcast", root))
+        across = sum(after.get(q, 0) - before.get(q, 0) for q in after if labels[q] != labels[r])
+        total = sum(await comm.allgather(across))
+        if p > 2:
+            assert (h - 1) * n * 8 <= total < (h - 1) * n * 8 + 4096 * p, \
+                ("bcast across hosts", root, total, (h - 1) * n * 8)
 
 
 if __name__ == "__main__":

@@ -448,7 +448,7 @@ async def bcast(ch: Chan, buf: Buf, root: int) -> None:
     rank after it as it arrives: every link carries the message once, and the pipeline
     takes (p - 2) segments more to fill, so segments are cut small
     (``bcast_chain_pieces`` x (p - 1) of them, at least ``bcast_chain_seg_min``
-    bytes)."""
+    bytes). Across hosts the chain goes host by host (:func:`_chain_order`)."""
     p, r = ch.size, ch.rank
     if p == 1 or buf.n == 0:
         return
@@ -459,11 +459,13 @@ async def bcast(ch: Chan, buf: Buf, root: int) -> None:
                             TUNING["bcast_chain_seg_min"]),
                         TUNING["segment_gpu"] if buf.device else TUNING["segment"])
         segs = segments(0, buf.n, max(1, seg_bytes // buf.itemsize))
-        nxt = (r + 1) % p
+        order = _chain_order(ch, root)
+        v = order.index(r)
+        nxt = order[(v + 1) % p]
         if v == 0:
             await ch.waitall([ch.send(nxt, buf.part(lo, hi)) for lo, hi in segs])
             return
-        prev = (r - 1) % p
+        prev = order[v - 1]
         recvs = [ch.recv(prev, buf.part(lo, hi)) for lo, hi in segs]
         out: list[Any] = []
         for (lo, hi), fut in zip(segs, recvs, strict=True):
@@ -485,6 +487,23 @@ async def bcast(ch: Chan, buf: Buf, root: int) -> None:
             await ch.wait(fut)
             sends.extend(ch.send(k, buf.part(lo, hi)) for k in kids)
     await ch.waitall(sends)
+
+
+def _chain_order(ch: Chan, root: int) -> list[int]:
+    """The chain Bcast's ranks from ``root``: by rank (``root, root + 1, ...``), or, where
+    the ranks span hosts that some share (:meth:`Chan.hosts`), host by host from the
+    root's (the root first, then its host's other ranks), so the chain crosses from one
+    host to the next once each: hosts - 1 link crossings instead of up to ranks - 1."""
+    p = ch.size
+    groups = ch.hosts()
+    if groups is None:
+        return [(root + k) % p for k in range(p)]
+    first = next(i for i, g in enumerate(groups) if root in g)
+    order = [root]
+    for i in range(len(groups)):
+        g = groups[(first + i) % len(groups)]
+        order.extend(q for q in g if q != root)
+    return order
 
 
 async def scatterv(ch: Chan, send: Buf | None, counts: Sequence[int],
