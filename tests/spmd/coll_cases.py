@@ -1155,6 +1155,15 @@ def _sent(stats):
     return {q: v["sent"]["bytes"] for q, v in stats["peers"].items()}
 
 
+async def _across_hosts(comm, before, labels):
+    """The bytes every rank sent to other hosts since ``before`` (its ``_sent``), summed
+    over the ranks (collective)."""
+    after = _sent(comm.stats())
+    mine = sum(after.get(q, 0) - before.get(q, 0) for q in after
+               if labels[q] != labels[comm.rank])
+    return sum(await comm.allgather(mine))
+
+
 @case
 async def hierarchical_collectives(comm):
     """Ranks on several hosts, some sharing one (``UCXCOMM_TEST_HOSTS``: each rank's
@@ -1162,8 +1171,9 @@ async def hierarchical_collectives(comm):
     ``hier_min`` bytes go through one leader per host. Results against numpy at sizes
     around the switch and odd counts, in place too; then the traffic: a host's leader
     sends across hosts at most what the hosts' ring needs, the other ranks nothing
-    (the flat ring sends each rank's share across); and the chain Bcast from every root
-    crosses between hosts once per host boundary (hosts - 1 times)."""
+    (the flat ring sends each rank's share across); and Reduce and Bcast (two phases
+    below the chain's size, the chain host by host above) from every root cross between
+    hosts hosts - 1 times."""
     p, r = comm.size, comm.rank
     labels = os.environ["UCXCOMM_TEST_HOSTS"].split(",")
     groups = {}
@@ -1240,20 +1250,34 @@ async def hierarchical_collectives(comm):
         else:
             assert others < share + 4096 * p, (what, "across hosts", others, share)
         await comm.barrier()
-    # The chain Bcast, every root: host by host, so it crosses between hosts h - 1 times.
-    n = algorithms.TUNING["bcast_chain_min"] // 8 + 3
+    # Reduce, and Bcast below the chain's size (two phases), then the chain Bcast (host
+    # by host), from every root: each crosses between hosts h - 1 times.
     for root in range(p):
-        want = inp(root, n, np.float64, salt=root)
-        buf = want.copy() if r == root else np.zeros(n, np.float64)
+        n = hmin // 8 + 5
+        ins = [inp(q, n, np.float64, salt=root) for q in range(p)]
+        out = np.zeros(n, np.float64)
         before = _sent(comm.stats())
-        await comm.Bcast(buf, root=root)
-        after = _sent(comm.stats())
-        check(buf, want, ("bcast", root))
-        across = sum(after.get(q, 0) - before.get(q, 0) for q in after if labels[q] != labels[r])
-        total = sum(await comm.allgather(across))
-        if p > 2:
+        await comm.Reduce(ins[r], out if r == root else None, ucxcomm.SUM, root=root)
+        if r == root:
+            check(out, sum(ins), ("reduce", root))
+        total = await _across_hosts(comm, before, labels)
+        assert (h - 1) * n * 8 <= total < (h - 1) * n * 8 + 4096 * p, \
+            ("reduce across hosts", root, total, (h - 1) * n * 8)
+        buf = ins[r].copy()
+        await comm.Reduce(IN_PLACE if r == root else buf, buf if r == root else None,
+                          ucxcomm.SUM, root=root)
+        if r == root:
+            check(buf, sum(ins), ("reduce in place", root))
+    for n in (hmin // 8 + 3, algorithms.TUNING["bcast_chain_min"] // 8 + 3):
+        for root in range(p):
+            want = inp(root, n, np.float64, salt=root)
+            buf = want.copy() if r == root else np.zeros(n, np.float64)
+            before = _sent(comm.stats())
+            await comm.Bcast(buf, root=root)
+            check(buf, want, ("bcast", n, root))
+            total = await _across_hosts(comm, before, labels)
             assert (h - 1) * n * 8 <= total < (h - 1) * n * 8 + 4096 * p, \
-                ("bcast across hosts", root, total, (h - 1) * n * 8)
+                ("bcast across hosts", n, root, total, (h - 1) * n * 8)
 
 
 if __name__ == "__main__":

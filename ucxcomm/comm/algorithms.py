@@ -474,6 +474,9 @@ async def bcast(ch: Chan, buf: Buf, root: int) -> None:
                 out.append(ch.send(nxt, buf.part(lo, hi)))
         await ch.waitall(out)
         return
+    if nbytes >= TUNING["hier_min"] and (groups := ch.hosts()) is not None:
+        await _hier_bcast(ch, buf, root, groups)
+        return
     parent, children = binomial(v, p)
     kids = [(c + root) % p for c in children]
     segs = segments(0, buf.n, seg_elems(buf)) if p > 2 else [(0, buf.n)]
@@ -545,13 +548,16 @@ async def reduce(ch: Chan, send: Buf, recv: Buf | None, root: int, ufunc: Any) -
     """Binomial tree towards ``root``, pipelined by segments; ``recv`` is used on the
     root only (it may be the same memory as ``send``: IN_PLACE)."""
     p, r, n = ch.size, ch.rank, send.n
-    v = (r - root) % p
-    parent, children = binomial(v, p)
-    kids = [(c + root) % p for c in reversed(children)]  # nearest subtree first
     if p == 1 or n == 0:
         if recv is not None and recv.arr is not send.arr and n:
             copy(ch, recv.arr, send.arr)
         return
+    if n * send.itemsize >= TUNING["hier_min"] and (groups := ch.hosts()) is not None:
+        await _hier_reduce(ch, send, recv, root, ufunc, groups)
+        return
+    v = (r - root) % p
+    parent, children = binomial(v, p)
+    kids = [(c + root) % p for c in reversed(children)]  # nearest subtree first
     segs = segments(0, n, seg_elems(send))
     if not kids:
         await ch.waitall([ch.send((parent + root) % p, send.part(lo, hi))  # type: ignore[operator]
@@ -637,6 +643,46 @@ async def _hier_allreduce(ch: Chan, send: Buf, recv: Buf, ufunc: Any,
         await allreduce(SubChan(ch, [g[0] for g in groups]), recv, recv, ufunc)
     if local is not None:
         await bcast(local, recv, 0)
+
+
+def _rooted_leaders(groups: list[list[int]], root: int) -> list[int]:
+    """One leader per host for a rooted call: the root on its host, the first rank on
+    every other."""
+    return [root if root in g else g[0] for g in groups]
+
+
+async def _hier_bcast(ch: Chan, buf: Buf, root: int, groups: list[list[int]]) -> None:
+    """Bcast across hosts below the chain's size: the root to one leader per host (the
+    flat Bcast among the leaders), then each leader within its host: the links carry
+    the message once per host it reaches, where the rank tree sent it across up to
+    once per rank."""
+    mine = _my_host(ch, groups)
+    leaders = _rooted_leaders(groups, root)
+    lead = leaders[groups.index(mine)]
+    if ch.rank == lead:
+        await bcast(SubChan(ch, leaders), buf, leaders.index(root))
+    if len(mine) > 1:
+        await bcast(SubChan(ch, mine), buf, mine.index(lead))
+
+
+async def _hier_reduce(ch: Chan, send: Buf, recv: Buf | None, root: int, ufunc: Any,
+                       groups: list[list[int]]) -> None:
+    """Reduce across hosts: within each host to its leader (the root on the root's
+    host), then the leaders to the root (the flat tree among them): the links carry the
+    vector once per host instead of once per tree edge that crosses."""
+    r = ch.rank
+    mine = _my_host(ch, groups)
+    leaders = _rooted_leaders(groups, root)
+    lead = leaders[groups.index(mine)]
+    src = send
+    if len(mine) > 1:
+        acc = (recv if r == root else ch.scratch(send, send.n)) if r == lead else None
+        await reduce(SubChan(ch, mine), send, acc, mine.index(lead), ufunc)
+        if acc is not None:
+            src = acc
+    if r == lead:
+        await reduce(SubChan(ch, leaders), src, recv if r == root else None,
+                     leaders.index(root), ufunc)
 
 
 async def allgatherv(ch: Chan, buf: Buf, counts: Sequence[int], displs: Sequence[int],
