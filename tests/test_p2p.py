@@ -36,6 +36,22 @@ def test_peer_failure(nranks):
     assert "died or left" in proc.stderr
 
 
+@pytest.mark.parametrize("split", ["", "0"])
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_split_rendezvous(nranks, split):
+    """Large messages on one host through the split rendezvous (and, with
+    UCXCOMM_P2P_SPLIT=0, through UCX's own: the same results, no split tallies)."""
+    run_case(P2P_CASES, "split_rendezvous", nranks,
+             env={"UCXCOMM_P2P_SPLIT": split} if split else None)
+
+
+@pytest.mark.parametrize("split", ["", "0"])
+def test_split_peer_dies(split):
+    proc = run_case(P2P_CASES, "split_peer_dies", 2,
+                    env={"UCXCOMM_P2P_SPLIT": split} if split else None)
+    assert "died or left" in proc.stderr
+
+
 def test_send_to_exited_peer(tmp_path):
     fifo = tmp_path / "pid"
     os.mkfifo(fifo)

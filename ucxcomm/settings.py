@@ -169,6 +169,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "operations each process's flight recorder keeps (1-65535; those still in "
             "flight are never overwritten): comm.trace(), ucxcomm status; 0 turns it off "
             "(about 25-45 ns per operation, docs/debugging.md)"),
+    Setting("UCXCOMM_P2P_SPLIT", _nonneg_int, 262144,
+            "bytes: from this size a point-to-point message between ranks of one host "
+            "takes the split rendezvous (the sender writes half into the receive buffer "
+            "with process_vm_writev while the receiver reads the other half); 0: never "
+            "(UCX's own rendezvous: the receiver copies it all)"),
     Setting("UCXCOMM_HOST_LABEL", _text, None,
             "appended to this rank's host identity: ranks whose labels differ count as "
             "different hosts (no shared-memory engine between them; the hierarchical "

@@ -6,7 +6,10 @@ significant first::
     | context (20 bits) | source rank in the communicator (20 bits) | tag (24 bits) |
 
 Each communicator id ``cid`` owns four contexts (``cid * 4 + kind``): user
-point-to-point, internal collectives, object payload frames, and one spare. User
+point-to-point, its split rendezvous requests (large messages between ranks of one
+host), internal collectives and object payload frames. The last communicator id's
+contexts are not any communicator's: ``CTL_CTX`` carries the split rendezvous's
+control messages. User
 messages therefore never collide with internal traffic, and communicators never
 cross-match. Code builds these tags with :func:`make_tag` / :func:`with_source`, masks
 with :func:`make_mask` (or :data:`FULL_MASK`) and reads them with :func:`split_tag`. The
@@ -29,8 +32,10 @@ __all__ = [
     "KIND_COLL",
     "KIND_FRAMES",
     "KIND_P2P",
+    "KIND_SPLIT",
     "MAX_CID",
     "MAX_RANKS",
+    "SPLIT_BIT",
     "TAG_UB",
     "conn_tag",
     "context_of",
@@ -49,14 +54,22 @@ SRC_BITS = 20
 CTX_BITS = 20
 TAG_UB = (1 << TAG_BITS) - 1
 MAX_RANKS = 1 << SRC_BITS
-MAX_CID = (1 << (CTX_BITS - 2)) - 1
+MAX_CID = (1 << (CTX_BITS - 2)) - 2  # (the last one's contexts carry CTL_CTX)
 
 KIND_P2P = 0
-KIND_COLL = 1
-KIND_FRAMES = 2
+#: A point-to-point message's same-host split rendezvous request (the transport's
+#: ``_ucp`` engine): one bit above ``KIND_P2P``, so that a point-to-point receive
+#: (:func:`make_mask` with ``kind=KIND_P2P``) matches both.
+KIND_SPLIT = 1
+KIND_COLL = 2
+KIND_FRAMES = 3
 
 #: Mask that matches every bit: one exact tag.
 FULL_MASK = (1 << 64) - 1
+
+#: The context of the split rendezvous's control messages between a world's ranks
+#: (the engine's; no communicator has it: ``MAX_CID`` stops one short).
+CTL_CTX = (1 << CTX_BITS) - 1
 
 _SRC_SHIFT = TAG_BITS
 _CTX_SHIFT = TAG_BITS + SRC_BITS
@@ -75,9 +88,15 @@ def with_source(value: int, source: int) -> int:
     return value | (source << _SRC_SHIFT)
 
 
-def make_mask(source: int, tag: int) -> int:
-    """Mask for a receive; ``ANY_SOURCE``/``ANY_TAG`` leave their field unmatched."""
-    mask = _CTX_MASK
+#: The context bit that tells a point-to-point message from its split rendezvous
+#: request (``KIND_SPLIT``); point-to-point receives leave it unmatched.
+SPLIT_BIT = 1 << _CTX_SHIFT
+
+
+def make_mask(source: int, tag: int, kind: int = -1) -> int:
+    """Mask for a receive; ``ANY_SOURCE``/``ANY_TAG`` leave their field unmatched, and
+    a receive of ``kind=KIND_P2P`` matches split rendezvous requests too."""
+    mask = _CTX_MASK & ~SPLIT_BIT if kind == KIND_P2P else _CTX_MASK
     if source != ANY_SOURCE:
         mask |= _SRC_MASK
     if tag != ANY_TAG:
@@ -94,7 +113,7 @@ def sender_prefixes(cid: int, source: int) -> list[int]:
     communicator ``cid`` (each context kind): how the transport's counters tell whose
     a received message is."""
     return [(((cid << 2) | kind) << SRC_BITS) | source
-            for kind in (KIND_P2P, KIND_COLL, KIND_FRAMES)]
+            for kind in (KIND_P2P, KIND_SPLIT, KIND_COLL, KIND_FRAMES)]
 
 
 def context_of(cid: int) -> tuple[int, int]:

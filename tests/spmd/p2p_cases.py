@@ -11,6 +11,7 @@ import asyncio
 import gc
 import os
 import sys
+import time
 import weakref
 
 import numpy as np
@@ -211,9 +212,9 @@ async def truncation(comm):
 async def posted_receives(comm):
     """Irecv posted before its message arrives goes to UCX's own matching (issue 10): an
     overflow raises TruncationError with the message's size and leaves the buffer
-    unwritten; matching order holds against receives still waiting in ucxcomm's queue
-    (an object receive posted first gets the first message, whichever kind comes
-    after it) and against later ones."""
+    unwritten (a split rendezvous's: its prefix); matching order holds against
+    receives still waiting in ucxcomm's queue (an object receive posted first gets the
+    first message, whichever kind comes after it) and against later ones."""
     right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
     for n in (100, 100000):  # eager, rendezvous
         small = np.zeros(10, np.int32)
@@ -230,7 +231,11 @@ async def posted_receives(comm):
             assert (exc.status.source, exc.status.tag) == (left, 5), exc.status
         else:
             raise AssertionError("no TruncationError")
-        assert not small.any(), small  # consumed, not written
+        if comm._world.split_min and n * 4 >= comm._world.split_min:
+            # (a split rendezvous request landed there: the prefix, as Recv leaves it)
+            assert np.array_equal(small, np.arange(10, dtype=np.int32)), small
+        else:
+            assert not small.any(), small  # consumed, not written
         assert (await r2).nbytes == 4 and nxt[0] == 42
         await ucxcomm.Request.waitall([s1, s2])
     # An object receive (ucxcomm's matched-probe queue) posted before a buffer receive
@@ -642,6 +647,131 @@ async def peer_failure(comm):
         right, left = (comm.rank + 1) % live, (comm.rank - 1) % live
         got = await comm.sendrecv(comm.rank, right, source=left, timeout=30)
         assert got == left
+    comm.abort()
+    return "aborted"
+
+
+@case
+async def split_rendezvous(comm):
+    """Messages from ``UCXCOMM_P2P_SPLIT`` bytes between ranks of one host take the
+    split rendezvous (the sender writes the first half of the receive buffer while the
+    receiver reads the rest): every receive path gets the message's bytes and status.
+    Receives waiting in place, posted before the send, after it, from ANY_SOURCE with
+    ANY_TAG, with a Sendrecv; truncation into a smaller buffer (Recv and a posted Irecv:
+    the prefix); probe and iprobe report the message's own size, and a receive after
+    them still takes an earlier small message first. The engine's tallies show the
+    requests and the senders' shares (none with the setting at 0)."""
+    p, r = comm.size, comm.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    eng = comm._world.worker.engine
+    smin = comm._world.split_min
+    before = (eng.split_sent, eng.split_received, eng.split_shared)
+    base = smin or 262144
+    count = 0
+    for n in (base, base + 1, 3 * base + 7, 4 << 20):
+        want = make(n, np.uint8, r)
+        got = np.zeros(n, np.uint8)
+        sreq = comm.Isend(want, right, 3)
+        st = await comm.Recv(got, left, 3)
+        await sreq
+        assert np.array_equal(got, make(n, np.uint8, left)), n
+        assert (st.source, st.tag, st.nbytes) == (left, 3, n), st
+        got[:] = 0
+        rreq = comm.Irecv(got, ANY_SOURCE, ANY_TAG)
+        await comm.barrier()  # (posted before the message comes)
+        await comm.Send(bytes(want), right, 4)  # (read-only memory to send from)
+        st = await rreq
+        assert np.array_equal(got, make(n, np.uint8, left)), n
+        assert (st.source, st.tag, st.nbytes) == (left, 4, n), st
+        count += 2
+    n = 3 * base // 8 + 5
+    out = np.zeros(n, np.float64)
+    st = await comm.Sendrecv(make(n, np.float64, r), right, out, left, sendtag=5, recvtag=5)
+    assert np.array_equal(out, make(n, np.float64, left)) and st.nbytes == n * 8
+    count += 1
+    # Truncation: Recv, and a posted Irecv, hold the prefix; the next message is whole.
+    n = 2 * base
+    sreq = comm.Isend(make(n, np.uint8, r), right, 6)
+    small = np.zeros(n // 2, np.uint8)
+    try:
+        await comm.Recv(small, left, 6)
+    except ucxcomm.TruncationError as exc:
+        assert (exc.nbytes, exc.capacity) == (n, n // 2), (exc.nbytes, exc.capacity)
+    else:
+        raise AssertionError("no TruncationError")
+    assert np.array_equal(small, make(n, np.uint8, left)[:n // 2])
+    await sreq
+    for cap in (64, 8):  # (8 bytes: below a request's size, so probed, never posted)
+        small = np.zeros(cap, np.uint8)
+        rreq = comm.Irecv(small, left, 7)
+        await comm.barrier()
+        sreq = comm.Isend(make(n, np.uint8, r), right, 7)
+        try:
+            await rreq
+        except ucxcomm.TruncationError as exc:
+            assert (exc.nbytes, exc.capacity) == (n, cap), (exc.nbytes, exc.capacity)
+        else:
+            raise AssertionError("no TruncationError")
+        if smin or cap < 40:  # (UCX's posted receive leaves an overflowed buffer as is)
+            assert np.array_equal(small, make(n, np.uint8, left)[:cap]), small[:8]
+        else:
+            assert not small.any(), small[:8]
+        await sreq
+    count += 3
+    # Probes: the split message's own size; a small message sent before it still
+    # comes first to a receive that matches both.
+    n = base + 12345
+    s1 = comm.Isend(np.array([r], np.int64), right, 8)
+    s2 = comm.Isend(make(n, np.uint8, r), right, 9)
+    st = await comm.probe(left, 9)
+    assert (st.source, st.tag, st.nbytes) == (left, 9, n), st
+    seen = comm.iprobe(left, 9)
+    assert seen is not None and seen.nbytes == n, seen
+    first = np.zeros(n, np.uint8)
+    st = await comm.Recv(first, left, ANY_TAG)
+    assert (st.tag, st.nbytes) == (8, 8) and first[:8].view(np.int64)[0] == left, st
+    st = await comm.Recv(first, left, ANY_TAG)
+    assert (st.tag, st.nbytes) == (9, n) and np.array_equal(first, make(n, np.uint8, left))
+    await ucxcomm.Request.waitall([s1, s2])
+    count += 1
+    await comm.barrier()
+    after = (eng.split_sent, eng.split_received, eng.split_shared)
+    if smin and p > 1:
+        assert after[0] - before[0] == count and after[1] - before[1] == count, (before, after)
+        assert after[2] > before[2], ("no share written", before, after)
+    else:
+        assert after == before, (before, after)
+
+
+@case
+async def split_peer_dies(comm):
+    """A split rendezvous with a peer that dies: rank 1 sends a large message and exits
+    without progressing (its share is never written), then rank 0 sends one to rank 1,
+    which never receives it; both of rank 0's operations raise PeerFailure, none hangs
+    and no receive reports the unwritten share as data."""
+    n = 4 << 20
+    await comm.barrier()
+    if comm.rank == 1:
+        comm.Isend(np.ones(n, np.uint8), 0, 1)
+        # The request reaches rank 0, whose receive matches it and asks for this rank's
+        # share, which this rank (not progressing: a blocking sleep) never writes.
+        time.sleep(0.3)  # noqa: ASYNC251 (blocking on purpose)
+        sys.stdout.write("CASE-OK split_peer_dies rank 1\n")
+        sys.stdout.flush()
+        os._exit(0)
+    got = np.zeros(n, np.uint8)
+    try:
+        await comm.Recv(got, 1, 1, timeout=60)
+    except ucxcomm.PeerFailure as exc:  # (the split rendezvous: the share never came)
+        assert exc.peer == 1, exc.peer
+    else:  # (UCX's rendezvous reads it all while the sender sleeps)
+        assert comm._world.split_min == 0 and (got == 1).all(), "stale bytes as data"
+    try:
+        await comm.Send(np.zeros(n, np.uint8), 1, 2, timeout=60)
+    except ucxcomm.PeerFailure:
+        pass
+    else:
+        raise AssertionError("a send to a dead peer completed")
     comm.abort()
     return "aborted"
 

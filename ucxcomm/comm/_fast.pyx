@@ -469,8 +469,7 @@ cdef class P2P:
                     if type(sender) is EpSend:
                         s = <EpSend>sender
                         if not s.closed:
-                            res = self.eng.c_send(s.handle, obj, self.base | <uint64_t>t,
-                                                  s.peers, s.fast)
+                            res = self.eng.c_send_ep(s, obj, self.base | <uint64_t>t)
                             self._rec(K_SEND, <int>d, <int>t, res, False)
                             return res
         res = self.owner()._post_send(obj, dest, tag)

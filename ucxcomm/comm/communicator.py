@@ -139,6 +139,14 @@ class World:
         #: The communicator ``init()`` returns: every rank, context id 0; for a process
         #: that joined a running job (``Comm.grow``), the communicator it was admitted
         #: to (``members``, ``cid``). Closing it closes the world.
+        #: Point-to-point messages from this many bytes to ranks of this host take the
+        #: engine's split rendezvous (0: off; ``UCXCOMM_P2P_SPLIT``).
+        self.split_min = 0
+        mine = hosts[rank] if hosts is not None and rank < len(hosts) else b""
+        engine = getattr(worker, "engine", None)
+        if mine and engine is not None and engine.split_setup(
+                rank, self._split_route, settings.get("UCXCOMM_P2P_SPLIT")):
+            self.split_min = settings.get("UCXCOMM_P2P_SPLIT")
         self.comm = Comm(self, tuple(range(size)) if members is None else members, cid)
         if members is not None:
             self.next_cid = cid + 1
@@ -149,7 +157,22 @@ class World:
             ep = self.worker.connect(self.addresses[world_rank], peer=world_rank,
                                      other_host=self.other_host(world_rank))
             self._eps[world_rank] = ep
+            sender = getattr(ep, "sender", None)
+            if self.split_min and self.same_host(world_rank) and sender is not None:
+                sender.split = True
+                sender.world = world_rank
         return ep
+
+    def _split_route(self, world_rank: int) -> int:
+        """The endpoint handle to ``world_rank``, for the engine's split rendezvous."""
+        return int(self.endpoint(world_rank).sender.handle)  # type: ignore[attr-defined]
+
+    def same_host(self, world_rank: int) -> bool:
+        """Whether ``world_rank`` is known to run on this rank's host."""
+        if self.hosts is None or world_rank >= len(self.hosts):
+            return False
+        mine = self.hosts[self.rank]
+        return bool(mine) and mine == self.hosts[world_rank]
 
     def other_host(self, world_rank: int) -> bool:
         """Whether ``world_rank`` is known to run on another host than this rank."""
@@ -487,8 +510,9 @@ class Comm(Collectives):
         ``req.cancel()`` withdraws it if no message matched yet. A receive that has to
         wait for its message is handed to UCX's own matching (the data then lands in
         ``buf`` directly); a message that outgrows ``buf`` then raises
-        :class:`~ucxcomm.TruncationError` with ``buf`` left unwritten (a ``Recv``, or a
-        message that was already there, leaves its prefix).
+        :class:`~ucxcomm.TruncationError` with ``buf`` left unwritten (a ``Recv``, a
+        message that was already there, or one from this host of ``UCXCOMM_P2P_SPLIT``
+        bytes or more leaves its prefix).
         """
         res = self._recv_now(buf, source, tag, False, True)
         if type(res) is Status:

@@ -241,7 +241,7 @@ class Group:
         if got is None:
             peers = self.peers_all if source == ANY_SOURCE else self.peer_sets[source]
             got = (make_tag(self.cid, kind, max(source, 0), max(tag, 0)),
-                   make_mask(source, tag), peers)
+                   make_mask(source, tag, kind), peers)
             if len(self.match_cache) < 4096:
                 self.match_cache[key] = got
         return got

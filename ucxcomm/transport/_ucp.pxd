@@ -17,7 +17,7 @@
 # engine's own; it is declared here only because Cython needs a class's whole table.
 
 cimport cython
-from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 
 
 @cython.final
@@ -49,12 +49,26 @@ cdef class Op:
     cdef object settled        # a future for TagEngine.settled_future
     cdef object finish         # maps the result before the future delivers it
     cdef object peers
+    # The split rendezvous (same-host messages from TagEngine._split_min bytes): 0 none;
+    # a send waiting for the receiver's CTS (1) or DONE (2); a receive waiting for the
+    # sender's FIN (3). Its id, the peer's world rank and process, the peer's address of
+    # the message, the sender's share [0, rv_k), the receive's own copy's error (errno).
+    cdef int rv
+    cdef uint64_t rv_id
+    cdef int rv_peer
+    cdef int rv_pid
+    cdef uintptr_t rv_addr
+    cdef size_t rv_k
+    cdef int rv_err
 
     cdef void mark_settled(self)
 
 
 cdef class Finish:
     cdef object fitted(self, uint64_t stag, size_t nbytes, size_t cap)
+
+
+cdef class EpSend
 
 
 @cython.final
@@ -77,6 +91,23 @@ cdef class TagEngine:
     cdef int _truncated        # UCS_ERR_MESSAGE_TRUNCATED
     cdef void *_stats          # the traffic counters (csrc/stats.c's ucxcomm_stats_t)
     cdef dict _stat_slots      # peer label -> counter slot
+    # The split rendezvous (see the engine's docstring).
+    cdef bint _split_rx        # this worker carries communicators: requests are handled
+    cdef int _pid
+    cdef int _world            # this process's world rank
+    cdef object _route         # world rank -> endpoint handle (for control messages)
+    cdef dict _rv_send         # id -> send Op waiting for CTS/DONE
+    cdef dict _rv_recv         # (sender world rank, id) -> receive Op waiting for FIN
+    cdef uint64_t _rv_next
+    cdef void *_ctl_req        # the posted receive of control messages
+    cdef char _ctl_buf[40]
+    cdef list _held            # messages taken out of UCX's queue by a probe, in order
+    cdef public size_t _split_min
+    # Split rendezvous tallies: requests sent, requests received, shares this process
+    # wrote into a receiver's buffer.
+    cdef public uint64_t split_sent
+    cdef public uint64_t split_received
+    cdef public uint64_t split_shared
 
     cdef int c_check(self, object peers) except -1
     cdef object _dead_error(self, object peers)
@@ -115,6 +146,23 @@ cdef class TagEngine:
     cdef int _poll_reqs(self) except -1
     cdef int _poll(self) except -1
     cdef void _abandon(self, Op op, object err) except *
+    cdef object _send_view(self, uintptr_t ep, Py_buffer *view, uint64_t tag, object peers,
+                           bint fast)
+    cdef object c_send_ep(self, EpSend s, object obj, uint64_t tag)
+    cdef object _send_split(self, EpSend s, Py_buffer *view, uint64_t tag)
+    cdef int _ctl_send(self, int world, uint32_t kind, uint64_t rid, uintptr_t addr,
+                       size_t k) except -1
+    cdef int _ctl_post(self) except -1
+    cdef int _ctl_poll(self) except -1
+    cdef int _ctl_dispatch(self, const char *buf, size_t length) except -1
+    cdef int _rts_take(self, void *msg, uint64_t stag, size_t nbytes, char *out) except -1
+    cdef int _rts_start(self, Op op, uint64_t stag, const char *rts, bint early) except -1
+    cdef int _rv_finish(self, Op op, int err) except -1
+    cdef void _rv_forget(self, Op op)
+    cdef object _cma_error(self, int err, Op op)
+    cdef void _rv_fail(self, Op op, object exc) except *
+    cdef int _held_find(self, uint64_t tag, uint64_t mask) except -2
+    cdef object _hold_through(self, uint64_t tag, uint64_t mask, uint64_t stag)
 
 
 @cython.final
@@ -124,6 +172,8 @@ cdef class EpSend:
     cdef public object peers
     cdef public bint fast
     cdef public bint closed
+    cdef public bint split     # same host: messages from _split_min take the split path
+    cdef public int world      # the peer's world rank (split)
 
 
 # A receive of the message matching (tag, mask) into cap bytes at ptr (keep holds them):

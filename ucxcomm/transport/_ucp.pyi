@@ -50,6 +50,11 @@ class Finish:
 class TagEngine:
     _dead: dict[Any, tuple[float, BaseException]]
     _closed: bool
+    _split_min: int
+    split_sent: int
+    split_received: int
+    split_shared: int
+    def split_setup(self, world: int, route: Callable[[int], int], split_min: int) -> bool: ...
     def _engine_setup(self, worker_handle: int, loop: asyncio.AbstractEventLoop, ready: Any,
                       spin_s: float, cuda: bool,
                       status_error: Callable[[int, Any, str], BaseException],
@@ -95,6 +100,8 @@ class EpSend:
     handle: int
     peers: _Peers
     fast: bool
+    split: bool
+    world: int
     closed: bool
     def __init__(self, eng: TagEngine, handle: int, peers: _Peers, fast: bool) -> None: ...
     def send(self, obj: Any, tag: int) -> asyncio.Future | None: ...

@@ -116,6 +116,79 @@ cdef extern from "ucxcomm_ucp.h" nogil:
     void ucxcomm_rma_disarm(void *eng)
 
 
+cdef extern from "<sys/uio.h>" nogil:
+    struct iovec:
+        void *iov_base
+        size_t iov_len
+    ssize_t process_vm_readv(int pid, const iovec *local, unsigned long liovcnt,
+                             const iovec *remote, unsigned long riovcnt, unsigned long flags)
+    ssize_t process_vm_writev(int pid, const iovec *local, unsigned long liovcnt,
+                              const iovec *remote, unsigned long riovcnt, unsigned long flags)
+cdef extern from "<unistd.h>" nogil:
+    int getpid()
+from libc.errno cimport EFAULT, EINTR, ESRCH, errno
+
+# The split rendezvous's wire: requests (RTS) and control messages (CTS, FIN, DONE), 40
+# bytes each, in this host's byte order (both ends run on one host).
+cdef struct split_rts:
+    uint32_t magic
+    uint32_t world     # the sender's world rank
+    uint64_t rid       # the sender's id of the message
+    uint64_t addr      # the message in the sender's memory
+    uint64_t length
+    uint32_t pid       # the sender's process
+    uint32_t spare
+
+cdef struct split_ctl:
+    uint32_t magic
+    uint32_t kind      # CTL_CTS, CTL_FIN, CTL_DONE
+    uint64_t rid
+    uint64_t addr      # CTS: the receive buffer; FIN: nonzero when the share failed
+    uint64_t k         # CTS: the sender's share [0, k)
+    uint32_t pid       # CTS: the receiver's process
+    uint32_t world     # the writer's world rank
+
+DEF SPLIT_SIZE = 40
+cdef uint32_t RTS_MAGIC = 0x53524355  # "UCRS"
+cdef uint32_t CTL_MAGIC = 0x43524355  # "UCRC"
+cdef uint32_t CTL_CTS = 1
+cdef uint32_t CTL_FIN = 2
+cdef uint32_t CTL_DONE = 3
+cdef int CTX_SHIFT = 44                      # ucxcomm.tags._CTX_SHIFT
+cdef uint64_t SPLIT_BIT = (<uint64_t>1) << 44  # ucxcomm.tags.SPLIT_BIT
+cdef uint64_t CTX_MASK = (<uint64_t>0xFFFFF) << 44
+cdef uint64_t SRC_MASK = (<uint64_t>0xFFFFF) << 24
+cdef uint64_t CTL_TAG = (<uint64_t>0xFFFFF) << 44  # ucxcomm.tags.CTL_CTX
+#: The receiver's copy alone below this many bytes (each side's share would be small).
+cdef size_t SPLIT_ALONE = 65536
+
+
+cdef int _cma(bint write, int pid, uintptr_t local, uintptr_t remote, size_t n) noexcept nogil:
+    """Copy ``n`` bytes from (``write``: to) process ``pid``'s memory at ``remote``: 0,
+    or an errno."""
+    cdef iovec lv, rv
+    cdef ssize_t got
+    while n > 0:
+        lv.iov_base = <void *>local
+        lv.iov_len = n
+        rv.iov_base = <void *>remote
+        rv.iov_len = n
+        if write:
+            got = process_vm_writev(pid, &lv, 1, &rv, 1, 0)
+        else:
+            got = process_vm_readv(pid, &lv, 1, &rv, 1, 0)
+        if got < 0:
+            if errno == EINTR:
+                continue
+            return errno
+        if got == 0:
+            return EFAULT
+        local += <size_t>got
+        remote += <size_t>got
+        n -= <size_t>got
+    return 0
+
+
 cdef inline double _now() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
@@ -422,6 +495,21 @@ cdef Op _target_op(tuple t, uint64_t tag, uint64_t mask, object peers):
     return ptr_op(<uintptr_t>t[0], <size_t>t[1], t[2], t[3], tag, mask, peers)
 
 
+def _retrieve(fut):
+    """Mark a control message's failure retrieved (the operation it serves reports)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+cdef class Held:
+    """A message a probe took out of UCX's queue (see ``TagEngine._hold_through``): its
+    UCX handle, or a split request's payload."""
+    cdef void *msg
+    cdef uint64_t stag
+    cdef size_t nbytes
+    cdef bytes rts
+
+
 cdef class TagEngine:
     """The pending tag operations of one UCX worker (see the module docstring).
 
@@ -449,6 +537,9 @@ cdef class TagEngine:
         self._wh = worker_handle
         self._reqs = []
         self._probes = []
+        self._held = []
+        self._rv_send = {}
+        self._rv_recv = {}
         self._graveyard = []
         self._dead = {}
         import asyncio
@@ -526,14 +617,36 @@ cdef class TagEngine:
     cdef object c_send(self, uintptr_t ep, object obj, uint64_t tag, object peers,
                        bint fast):
         cdef Py_buffer view
-        cdef void *req = NULL
-        cdef int st
-        cdef Op op
         self.c_check(peers)
         try:
             get_buffer(obj, &view, PyBUF_SIMPLE)
         except (TypeError, ValueError, BufferError):
             return self.send_raw(ep, target(obj, False, self._cuda), tag, peers, fast)
+        return self._send_view(ep, &view, tag, peers, fast)
+
+    cdef object c_send_ep(self, EpSend s, object obj, uint64_t tag):
+        """:meth:`c_send` on endpoint ``s``: a point-to-point message of ``_split_min``
+        bytes or more to a peer on this host takes the split rendezvous."""
+        cdef Py_buffer view
+        if not s.split or ((tag >> CTX_SHIFT) & 3) != 0:  # (KIND_P2P only)
+            return self.c_send(s.handle, obj, tag, s.peers, s.fast)
+        self.c_check(s.peers)
+        try:
+            get_buffer(obj, &view, PyBUF_SIMPLE)
+        except (TypeError, ValueError, BufferError):
+            return self.send_raw(s.handle, target(obj, False, self._cuda), tag, s.peers,
+                                 s.fast)
+        if <size_t>view.len >= self._split_min and self._split_min > 0:
+            return self._send_split(s, &view, tag)
+        return self._send_view(s.handle, &view, tag, s.peers, s.fast)
+
+    cdef object _send_view(self, uintptr_t ep, Py_buffer *pview, uint64_t tag, object peers,
+                           bint fast):
+        """Post the send of exported buffer ``pview`` (released here, or held by the Op)."""
+        cdef Py_buffer view = pview[0]
+        cdef void *req = NULL
+        cdef int st
+        cdef Op op
         cdef bint fcmpl = _fast_send(fast, view.len)
         st = ucxcomm_tag_send(ep, view.buf, view.len, tag, fcmpl, &req)
         if st >= 0:
@@ -607,10 +720,22 @@ cdef class TagEngine:
         cdef void *msg = NULL
         cdef uint64_t stag = 0
         cdef size_t length = 0
+        cdef Held h
+        cdef int i
         self.c_check(None)
         ucxcomm_progress(self._wh)
+        if self._held:
+            i = self._held_find(tag, mask)
+            if i >= 0:
+                h = self._held[i]
+                return h.stag & ~SPLIT_BIT, h.nbytes
         if not ucxcomm_tag_probe(self._wh, tag, mask, 0, &msg, &stag, &length):
             return None
+        if self._split_rx and stag & SPLIT_BIT:
+            h = self._hold_through(tag, mask, stag)
+            if h is None:
+                return None
+            return h.stag & ~SPLIT_BIT, h.nbytes
         return stag, length
 
     def probe_wait(self, uint64_t tag, uint64_t mask, object peers):
@@ -688,10 +813,10 @@ cdef class TagEngine:
             op.finish = finish
             op.posted = post
             return self._irecv_result(self.c_post_match(op, spin), op)
-        cdef bint free = not self._probes or not self._overlaps(tag, mask)
+        cdef bint free = (not self._probes or not self._overlaps(tag, mask)) and not self._held
         if free:
             found = self._probe_fresh(tag, mask, &msg, &stag, &nbytes)
-            if found and nbytes <= <size_t>view.len:
+            if found and nbytes <= <size_t>view.len and not (stag & SPLIT_BIT and self._split_rx):
                 st = ucxcomm_msg_recv(self._wh, view.buf, nbytes, msg, &req, &stag, &nbytes)
                 if st >= 0:
                     ucxcomm_count_recv(<ucxcomm_stats_t *>self._stats, stag, nbytes, 1, 0)
@@ -707,13 +832,15 @@ cdef class TagEngine:
         op.finish = finish
         op.posted = post
         if found:
-            if st == 0:  # too large: the prefix through scratch memory
+            if st == 0:  # too large (the prefix through scratch memory), or a split request
                 self._recv_msg(op, msg, stag, nbytes, True)
             else:  # started above, and counted (or failed)
                 op.sender_tag = stag
                 op.length = nbytes
                 self._started(op, st, req)
             return self._irecv_result(self._matched(op), op)
+        if not free and self._held:
+            return self._irecv_result(self.c_post_match(op, spin), op)
         if spin and free and not self._probes and self._spin_match(op):
             return self._irecv_result(self._matched(op), op)
         return self._irecv_result(self._wait_op(op, free), op)
@@ -801,7 +928,9 @@ cdef class TagEngine:
     cdef object _wait_op(self, Op op, bint free):
         """A receive with no message yet: posted to UCX when ``free`` (no earlier pending
         receive overlaps it) and allowed, else queued behind the pending ones."""
-        if free and op.posted:
+        if free and op.posted and (not self._split_rx or (not op.device
+                                                          and op.cap >= SPLIT_SIZE)):
+            # (a split request lands in the buffer: host memory that holds it)
             return self._post_to_ucx(op)
         op.posted = False
         op.future = self._create_future()
@@ -853,6 +982,18 @@ cdef class TagEngine:
         # is consumed, the buffer not written); ucxcomm reports it as a result whose
         # length exceeds the capacity (TruncationError, like a matched probe's).
         # ``early``: it finished when posted (its message was already here).
+        cdef char wire[SPLIT_SIZE]
+        if st >= 0 and self._split_rx and stag & SPLIT_BIT:
+            op.posted = False
+            op.req = NULL  # (the request is finished: the rendezvous goes on without it)
+            if length == SPLIT_SIZE:
+                memcpy(wire, <const void *>op.ptr, SPLIT_SIZE)
+                if (<split_rts *>wire).magic == RTS_MAGIC:
+                    self._rts_start(op, stag, wire, early)
+                    return
+            self._rv_fail(op, RuntimeError(
+                f"a malformed split rendezvous request ({length} bytes) matched"))
+            return
         if st >= 0 or st == self._truncated:
             op.sender_tag = stag
             op.length = length if st >= 0 or length > op.cap else op.cap + 1
@@ -910,13 +1051,34 @@ cdef class TagEngine:
         cdef void *msg = NULL
         cdef uint64_t stag = 0
         cdef size_t nbytes = 0
-        if not ucxcomm_tag_probe(self._wh, op.tag, op.mask, 0 if op.peek else 1, &msg,
-                                 &stag, &nbytes):
-            return False
+        cdef Held h = None
+        cdef int i
+        if self._held:
+            i = self._held_find(op.tag, op.mask)
+            if i >= 0:
+                h = self._held[i]
+                if not op.peek:
+                    del self._held[i]
+        if h is None:
+            if not ucxcomm_tag_probe(self._wh, op.tag, op.mask, 0 if op.peek else 1, &msg,
+                                     &stag, &nbytes):
+                return False
+            if op.peek and self._split_rx and stag & SPLIT_BIT:
+                h = self._hold_through(op.tag, op.mask, stag)
+                if h is None:
+                    return False
         if op.peek:
+            if h is not None:
+                stag, nbytes = h.stag & ~SPLIT_BIT, h.nbytes
             op.done = True
             if not op.future.done():
                 op.future.set_result((stag, nbytes))
+            return True
+        if h is not None:
+            if h.rts is not None:
+                self._rts_start(op, h.stag, <const char *>h.rts, True)
+            else:
+                self._recv_msg(op, h.msg, h.stag, h.nbytes, True)
             return True
         self._recv_msg(op, msg, stag, nbytes, early)
         return True
@@ -929,6 +1091,14 @@ cdef class TagEngine:
         cdef uintptr_t ptr
         cdef int st
         cdef BufRef ref
+        cdef char wire[SPLIT_SIZE]
+        if self._split_rx and stag & SPLIT_BIT:
+            if self._rts_take(msg, stag, nbytes, wire) < 0:
+                self._rv_fail(op, RuntimeError(
+                    f"a malformed split rendezvous request ({nbytes} bytes) matched"))
+                return 0
+            self._rts_start(op, stag, wire, early)
+            return 0
         op.sender_tag = stag
         op.length = nbytes
         ucxcomm_count_recv(<ucxcomm_stats_t *>self._stats, stag, nbytes, early, op.device)
@@ -1177,8 +1347,18 @@ cdef class TagEngine:
         cdef uint64_t stag = 0
         cdef size_t length = 0
         cdef list keep = []
+        if self._ctl_req != NULL:
+            finished += self._ctl_poll()
         for op in self._reqs:
-            if op.req == NULL:  # finished while polled elsewhere
+            if op.req == NULL:
+                if op.rv == 0:  # finished while polled elsewhere
+                    continue
+                # a split rendezvous waiting for a control message
+                if self._dead and (err := self._dead_error(op.peers)) is not None:
+                    self._abandon(op, err)
+                    finished += 1
+                else:
+                    keep.append(op)
                 continue
             st = ucxcomm_test(op.req, op.is_recv, &stag, &length)
             if st != UCXCOMM_INPROGRESS:
@@ -1243,6 +1423,8 @@ cdef class TagEngine:
         cdef uint64_t stag = 0
         cdef size_t length = 0
         cdef bint finished = False
+        if op.rv:
+            self._rv_forget(op)
         if op.is_recv and op.req != NULL:
             ucxcomm_cancel(self._wh, op.req)
             finished = ucxcomm_test(op.req, 1, &stag, &length) != UCXCOMM_INPROGRESS
@@ -1253,6 +1435,336 @@ cdef class TagEngine:
         if not op.future.done():
             op.future.set_exception(err)
 
+    # ------------------------------------------------------------ split rendezvous
+    def split_setup(self, int world, route, size_t split_min):
+        """Handle split rendezvous requests on this worker (it carries a world's
+        communicators): ``world`` is this process's world rank, ``route(w)`` the
+        endpoint handle to world rank ``w`` (for control messages), ``split_min`` the
+        size from which this process's sends to same-host peers split (0: never).
+        False when the worker already serves a world (the first one's stays)."""
+        if self._split_rx:
+            return False  # (one world per worker: the first one's)
+        self._split_rx = True
+        self._pid = getpid()
+        self._world = world
+        self._route = route
+        self._split_min = split_min
+        if self._ctl_req == NULL:
+            self._ctl_post()
+        return True
+
+    cdef object _send_split(self, EpSend s, Py_buffer *pview, uint64_t tag):
+        """The split rendezvous's send: a request (RTS) on the message's own tag with
+        ``SPLIT_BIT``; the receiver's CTS names its buffer and the sender's share, which
+        the sender writes (``process_vm_writev``) while the receiver reads the rest; FIN
+        says the share is there, DONE that the receiver is done with this buffer."""
+        cdef BufRef ref = BufRef.__new__(BufRef)
+        ref.view = pview[0]
+        ref.held = True
+        cdef uint64_t rid = self._rv_next
+        self._rv_next += 1
+        cdef bytearray wire = bytearray(SPLIT_SIZE)
+        cdef split_rts *rts = <split_rts *><char *>wire
+        rts.magic = RTS_MAGIC
+        rts.world = <uint32_t>self._world
+        rts.rid = rid
+        rts.addr = <uint64_t><uintptr_t>ref.view.buf
+        rts.length = <uint64_t>ref.view.len
+        rts.pid = <uint32_t>self._pid
+        rts.spare = 0
+        cdef void *req = NULL
+        cdef int st = ucxcomm_tag_send(s.handle, <char *>wire, SPLIT_SIZE, tag | SPLIT_BIT,
+                                       1, &req)
+        if st < 0:
+            raise self._error(st, s.peers, "send")
+        ucxcomm_count_send(<ucxcomm_stats_t *>self._stats, s.handle, ref.view.len, 0)
+        self.split_sent += 1
+        if st != 0:
+            sent = self._polled_op(st, req, wire, s.peers, "send", False, tag)
+            sent.add_done_callback(_retrieve)
+        cdef Op op = Op.__new__(Op)
+        op.future = self._create_future()
+        op.peers = s.peers
+        op.keep = ref
+        op.ptr = <uintptr_t>ref.view.buf
+        op.cap = <size_t>ref.view.len
+        op.tag = tag
+        op.rv = 1
+        op.rv_id = rid
+        op.rv_peer = s.world
+        self._rv_send[rid] = op
+        self._reqs.append(op)
+        return op.future
+
+    cdef int _ctl_send(self, int world, uint32_t kind, uint64_t rid, uintptr_t addr,
+                       size_t k) except -1:
+        """Send control message ``kind`` about message ``rid`` to world rank ``world``:
+        0, or 1 when it could not be sent (the peer is gone or the worker closing: what
+        waits on the peer fails through the dead-peer path)."""
+        cdef bytearray wire = bytearray(SPLIT_SIZE)
+        cdef split_ctl *c = <split_ctl *><char *>wire
+        c.magic = CTL_MAGIC
+        c.kind = kind
+        c.rid = rid
+        c.addr = addr
+        c.k = k
+        c.pid = <uint32_t>self._pid
+        c.world = <uint32_t>self._world
+        cdef uintptr_t ep
+        try:
+            ep = self._route(world)
+        except Exception:
+            return 1
+        cdef void *req = NULL
+        cdef int st = ucxcomm_tag_send(ep, <char *>wire, SPLIT_SIZE, CTL_TAG, 1, &req)
+        if st < 0:
+            return 1
+        if st != 0:
+            sent = self._polled_op(st, req, wire, frozenset((world,)), "send", False,
+                                   CTL_TAG)
+            sent.add_done_callback(_retrieve)
+        return 0
+
+    cdef int _ctl_post(self) except -1:
+        """(Re)post the receive of control messages; those already here are handled."""
+        cdef uint64_t stag = 0
+        cdef size_t length = 0
+        cdef int st
+        cdef char got[SPLIT_SIZE]
+        while True:
+            st = ucxcomm_tag_recv(self._wh, self._ctl_buf, SPLIT_SIZE, CTL_TAG, CTX_MASK,
+                                  &self._ctl_req, &stag, &length)
+            if st == UCXCOMM_INPROGRESS:
+                return 0
+            self._ctl_req = NULL
+            if st < 0 and st != self._truncated:
+                return 0  # (the worker is closing)
+            memcpy(got, self._ctl_buf, SPLIT_SIZE)
+            self._ctl_dispatch(got, length if st >= 0 else 0)
+
+    cdef int _ctl_poll(self) except -1:
+        """Handle the control message that arrived, if any (then post the next)."""
+        cdef uint64_t stag = 0
+        cdef size_t length = 0
+        cdef char got[SPLIT_SIZE]
+        if self._ctl_req == NULL:
+            return 0
+        cdef int st = ucxcomm_test(self._ctl_req, 1, &stag, &length)
+        if st == UCXCOMM_INPROGRESS:
+            return 0
+        self._ctl_req = NULL
+        if st < 0 and st != self._truncated:
+            return 0
+        memcpy(got, self._ctl_buf, SPLIT_SIZE)
+        self._ctl_post()
+        self._ctl_dispatch(got, length if st >= 0 else 0)
+        return 1
+
+    cdef int _ctl_dispatch(self, const char *buf, size_t length) except -1:
+        """One control message (anything malformed or about no pending message is
+        dropped: it can only be a peer's mistake)."""
+        cdef split_ctl c
+        cdef Op op
+        cdef int err
+        cdef size_t k
+        if length != SPLIT_SIZE:
+            return 0
+        memcpy(&c, buf, SPLIT_SIZE)
+        if c.magic != CTL_MAGIC:
+            return 0
+        if c.kind == CTL_CTS:
+            op = self._rv_send.get(c.rid)
+            if op is None or op.rv != 1 or <int>c.world != op.rv_peer:
+                return 0
+            k = min(<size_t>c.k, op.cap)
+            with nogil:
+                err = _cma(True, <int>c.pid, op.ptr, <uintptr_t>c.addr, k)
+            if not err:
+                self.split_shared += 1
+            op.rv = 2
+            self._ctl_send(op.rv_peer, CTL_FIN, op.rv_id, 1 if err else 0, k)
+        elif c.kind == CTL_DONE:
+            op = self._rv_send.pop(c.rid, None)
+            if op is None or <int>c.world != op.rv_peer:
+                if op is not None:
+                    self._rv_send[c.rid] = op
+                return 0
+            op.rv = 0
+            self._complete(op, 0)
+        elif c.kind == CTL_FIN:
+            op = self._rv_recv.pop((<int>c.world, c.rid), None)
+            if op is None:
+                return 0
+            err = op.rv_err
+            if c.addr and not err:  # the sender could not write its share: read it
+                with nogil:
+                    err = _cma(False, op.rv_pid, op.ptr, op.rv_addr, op.rv_k)
+            self._rv_finish(op, err)
+        return 0
+
+    cdef int _rts_take(self, void *msg, uint64_t stag, size_t nbytes, char *out) except -1:
+        """Receive probed request ``msg`` into ``out`` (SPLIT_SIZE bytes); 0, or -1 when
+        it is not a well-formed request (consumed)."""
+        cdef void *req = NULL
+        cdef uint64_t st_tag = 0
+        cdef size_t got = 0
+        cdef int st
+        if nbytes != SPLIT_SIZE:
+            junk = bytearray(nbytes)
+            st = ucxcomm_msg_recv(self._wh, <char *>junk, nbytes, msg, &req, &st_tag, &got)
+        else:
+            st = ucxcomm_msg_recv(self._wh, out, SPLIT_SIZE, msg, &req, &st_tag, &got)
+        while st == UCXCOMM_INPROGRESS:  # (a 40-byte eager message that is here)
+            ucxcomm_progress(self._wh)
+            st = ucxcomm_test(req, 1, &st_tag, &got)
+        if st < 0 or nbytes != SPLIT_SIZE or (<split_rts *>out).magic != RTS_MAGIC:
+            return -1
+        return 0
+
+    cdef int _rts_start(self, Op op, uint64_t stag, const char *wire, bint early) except -1:
+        """``op`` matched the split request ``wire``: copy the receiver's part now (the
+        whole message when it is small, truncated, or bound for GPU memory), ask the
+        sender for its share (CTS); ``op`` then waits for FIN in ``_reqs``."""
+        cdef split_rts rts
+        memcpy(&rts, wire, SPLIT_SIZE)
+        cdef size_t n, k
+        cdef int err = 0
+        cdef uintptr_t dst
+        op.sender_tag = stag & ~SPLIT_BIT
+        op.length = <size_t>rts.length
+        op.rv_peer = <int>rts.world
+        op.rv_id = rts.rid
+        op.rv_pid = <int>rts.pid
+        op.rv_addr = <uintptr_t>rts.addr
+        op.is_recv = True
+        ucxcomm_count_recv(<ucxcomm_stats_t *>self._stats, op.sender_tag, op.length, early,
+                           op.device)
+        self.split_received += 1
+        if op.alloc:
+            try:
+                import numpy
+                arr = numpy.empty(op.length, dtype=numpy.uint8)
+            except (MemoryError, ValueError) as exc:
+                self._ctl_send(op.rv_peer, CTL_DONE, op.rv_id, 0, 0)
+                self._rv_fail(op, exc)
+                return 0
+            op.buffer = arr
+            op.ptr = <uintptr_t>arr.ctypes.data
+            op.cap = op.length
+            op.has_ptr = False
+        n = min(op.length, op.cap)
+        if op.device or op.length > op.cap or n < SPLIT_ALONE:
+            # The receiver copies all of it (GPU memory: through host memory).
+            if op.device:
+                import numpy
+                arr = numpy.empty(n, dtype=numpy.uint8)
+                dst = <uintptr_t>arr.ctypes.data
+            else:
+                dst = op.ptr
+            with nogil:
+                err = _cma(False, op.rv_pid, dst, op.rv_addr, n)
+            if op.device and not err:
+                rt = _runtime()
+                rt.memcpy(op.ptr, dst, n, 1)  # cudaMemcpyHostToDevice
+            self._ctl_send(op.rv_peer, CTL_DONE, op.rv_id, 0, 0)
+            op.rv = 0
+            if err:
+                self._rv_fail(op, self._cma_error(err, op))
+            else:
+                self._complete(op, 0)
+            return 0
+        k = n // 2  # the sender's share: [0, k)
+        op.rv_k = k
+        if self._ctl_send(op.rv_peer, CTL_CTS, op.rv_id, op.ptr, k):
+            k = 0  # (no CTS: the sender writes nothing; the receive fails below)
+            op.rv_k = 0
+            op.rv_err = ESRCH
+        with nogil:
+            err = _cma(False, op.rv_pid, op.ptr + k, op.rv_addr + k, n - k)
+        if not op.rv_err:
+            op.rv_err = err
+        if op.rv_k == 0:  # no CTS went out: no FIN will come
+            op.rv = 0
+            self._rv_fail(op, self._cma_error(op.rv_err or ESRCH, op))
+            return 0
+        op.rv = 3
+        self._rv_recv[(op.rv_peer, op.rv_id)] = op
+        if op.future is None:
+            op.future = self._create_future()
+        self._reqs.append(op)
+        return 0
+
+    cdef int _rv_finish(self, Op op, int err) except -1:
+        """A receive whose FIN came: DONE to the sender, then the result."""
+        op.rv = 0
+        self._ctl_send(op.rv_peer, CTL_DONE, op.rv_id, 0, 0)
+        if err:
+            self._rv_fail(op, self._cma_error(err, op))
+        else:
+            self._complete(op, 0)
+        return 0
+
+    cdef object _cma_error(self, int err, Op op):
+        if err == ESRCH:
+            from ..errors import PeerFailure
+            return PeerFailure(f"world rank {op.rv_peer} is gone (its process ended while "
+                               "a message from it was being copied)")
+        import os
+        return OSError(err, f"copying a message from world rank {op.rv_peer}'s memory "
+                            f"failed: {os.strerror(err)}")
+
+    cdef void _rv_fail(self, Op op, object exc) except *:
+        op.rv = 0
+        op.mark_settled()
+        if op.future is None:
+            op.future = self._create_future()
+        if not op.future.done():
+            op.future.set_exception(exc)
+
+    cdef void _rv_forget(self, Op op):
+        if op.rv == 1 or op.rv == 2:
+            self._rv_send.pop(op.rv_id, None)
+        elif op.rv == 3:
+            self._rv_recv.pop((op.rv_peer, op.rv_id), None)
+        op.rv = 0
+
+    cdef int _held_find(self, uint64_t tag, uint64_t mask) except -2:
+        """The index of the first held message that ``(tag, mask)`` matches, or -1."""
+        cdef Held h
+        cdef Py_ssize_t i
+        for i in range(len(self._held)):
+            h = self._held[i]
+            if ((h.stag ^ tag) & mask) == 0:
+                return <int>i
+        return -1
+
+    cdef object _hold_through(self, uint64_t tag, uint64_t mask, uint64_t stag):
+        """A probe that does not consume found the split request ``stag``: take it out of
+        UCX's queue (its size is in its payload), and with it every earlier message
+        from the same sender (they keep their order ahead of it, in ``_held``).
+        Returns the request's Held."""
+        cdef uint64_t smask = (CTX_MASK & ~SPLIT_BIT) | SRC_MASK
+        cdef uint64_t stag2 = 0
+        cdef size_t nbytes = 0
+        cdef void *msg = NULL
+        cdef Held h
+        while ucxcomm_tag_probe(self._wh, stag & smask, smask, 1, &msg, &stag2, &nbytes):
+            h = Held.__new__(Held)
+            h.stag = stag2
+            h.nbytes = nbytes
+            if stag2 & SPLIT_BIT:
+                wire = bytearray(SPLIT_SIZE)
+                if self._rts_take(msg, stag2, nbytes, <char *>wire) < 0:
+                    continue  # (malformed: dropped)
+                h.rts = bytes(wire)
+                h.nbytes = <size_t>(<split_rts *><char *>wire).length
+            else:
+                h.msg = msg
+            self._held.append(h)
+            if ((stag2 ^ tag) & mask) == 0:
+                return h
+        return None
+
     def revoke_ops(self, uint64_t value, uint64_t mask, make_err):
         """Fail every pending operation whose tag holds ``value`` under ``mask`` (a
         communicator's context: ``Comm.revoke``) with a fresh ``make_err()`` each, as a
@@ -1262,7 +1774,8 @@ cdef class TagEngine:
         cdef list keep = []
         cdef int n = 0
         for op in self._reqs:
-            if op.req != NULL and not op.done and (op.tag & mask) == value:
+            if ((op.req != NULL or op.rv) and not op.done
+                    and ((op.tag | op.sender_tag) & mask) == value):
                 self._abandon(op, make_err())
                 n += 1
             else:
@@ -1289,6 +1802,11 @@ cdef class TagEngine:
         cdef size_t length = 0
         cdef list keep
         cdef list ops = self._reqs + self._probes
+        if self._ctl_req != NULL:
+            ucxcomm_cancel(self._wh, self._ctl_req)
+            self._ctl_req = NULL
+        self._rv_send.clear()
+        self._rv_recv.clear()
         for op in self._reqs:
             if op.req != NULL:
                 ucxcomm_cancel(self._wh, op.req)
@@ -1650,4 +2168,4 @@ cdef class EpSend:
         if self.closed:
             from ..errors import ClosedError
             raise ClosedError("the endpoint is closed")
-        return self.eng.c_send(self.handle, obj, tag, self.peers, self.fast)
+        return self.eng.c_send_ep(self, obj, tag)
