@@ -120,7 +120,7 @@ def context_of(cid: int) -> tuple[int, int]:
     """``(value, mask)``: the bits every tag of communicator ``cid`` holds (all its
     contexts), and the mask that selects them."""
     shift = _CTX_SHIFT + 2
-    return cid << shift, MAX_CID << shift
+    return cid << shift, ((1 << (CTX_BITS - 2)) - 1) << shift
 
 
 def split_tag(value: int) -> tuple[int, int]:

@@ -103,6 +103,7 @@ cdef class TagEngine:
     cdef char _ctl_buf[40]
     cdef list _held            # messages taken out of UCX's queue by a probe, in order
     cdef public size_t _split_min
+    cdef size_t _split_post_max  # receives from this size are probed, never posted
     # Split rendezvous tallies: requests sent, requests received, shares this process
     # wrote into a receiver's buffer.
     cdef public uint64_t split_sent

@@ -50,7 +50,6 @@ class Finish:
 class TagEngine:
     _dead: dict[Any, tuple[float, BaseException]]
     _closed: bool
-    _split_min: int
     split_sent: int
     split_received: int
     split_shared: int

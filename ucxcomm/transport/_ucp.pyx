@@ -137,7 +137,7 @@ cdef struct split_rts:
     uint64_t addr      # the message in the sender's memory
     uint64_t length
     uint32_t pid       # the sender's process
-    uint32_t spare
+    uint32_t check     # _rts_check of the fields above
 
 cdef struct split_ctl:
     uint32_t magic
@@ -161,6 +161,22 @@ cdef uint64_t SRC_MASK = (<uint64_t>0xFFFFF) << 24
 cdef uint64_t CTL_TAG = (<uint64_t>0xFFFFF) << 44  # ucxcomm.tags.CTL_CTX
 #: The receiver's copy alone below this many bytes (each side's share would be small).
 cdef size_t SPLIT_ALONE = 65536
+
+
+cdef uint64_t CHECK_SEED = 0x27D4EB2F165667C5
+cdef uint64_t CHECK_PRIME = 0x100000001B3
+
+
+cdef inline uint32_t _rts_check(const split_rts *r) noexcept nogil:
+    """A check word over a request's fields: a request whose bytes were overwritten in
+    a posted receive's buffer (receives sharing memory) is told from a real one."""
+    cdef uint64_t h = CHECK_SEED
+    h = (h ^ r.world) * CHECK_PRIME
+    h = (h ^ r.rid) * CHECK_PRIME
+    h = (h ^ r.addr) * CHECK_PRIME
+    h = (h ^ r.length) * CHECK_PRIME
+    h = (h ^ r.pid) * CHECK_PRIME
+    return <uint32_t>(h ^ (h >> 32))
 
 
 cdef int _cma(bint write, int pid, uintptr_t local, uintptr_t remote, size_t n) noexcept nogil:
@@ -501,7 +517,7 @@ def _retrieve(fut):
         fut.exception()
 
 
-cdef class Held:
+cdef class _Held:
     """A message a probe took out of UCX's queue (see ``TagEngine._hold_through``): its
     UCX handle, or a split request's payload."""
     cdef void *msg
@@ -720,7 +736,7 @@ cdef class TagEngine:
         cdef void *msg = NULL
         cdef uint64_t stag = 0
         cdef size_t length = 0
-        cdef Held h
+        cdef _Held h
         cdef int i
         self.c_check(None)
         ucxcomm_progress(self._wh)
@@ -928,9 +944,12 @@ cdef class TagEngine:
     cdef object _wait_op(self, Op op, bint free):
         """A receive with no message yet: posted to UCX when ``free`` (no earlier pending
         receive overlaps it) and allowed, else queued behind the pending ones."""
-        if free and op.posted and (not self._split_rx or (not op.device
-                                                          and op.cap >= SPLIT_SIZE)):
-            # (a split request lands in the buffer: host memory that holds it)
+        if free and op.posted and (not self._split_rx or (
+                not op.device and SPLIT_SIZE <= op.cap < self._split_post_max)):
+            # Where split requests may come, only host receives that hold a request
+            # and are too small for a split message are posted (one that comes is a
+            # truncation); the others are probed, so a request is read from UCX's
+            # queue, never from a buffer that other receives may share.
             return self._post_to_ucx(op)
         op.posted = False
         op.future = self._create_future()
@@ -988,7 +1007,8 @@ cdef class TagEngine:
             op.req = NULL  # (the request is finished: the rendezvous goes on without it)
             if length == SPLIT_SIZE:
                 memcpy(wire, <const void *>op.ptr, SPLIT_SIZE)
-                if (<split_rts *>wire).magic == RTS_MAGIC:
+                if ((<split_rts *>wire).magic == RTS_MAGIC
+                        and (<split_rts *>wire).check == _rts_check(<split_rts *>wire)):
                     self._rts_start(op, stag, wire, early)
                     return
             self._rv_fail(op, RuntimeError(
@@ -1051,7 +1071,7 @@ cdef class TagEngine:
         cdef void *msg = NULL
         cdef uint64_t stag = 0
         cdef size_t nbytes = 0
-        cdef Held h = None
+        cdef _Held h = None
         cdef int i
         if self._held:
             i = self._held_find(op.tag, op.mask)
@@ -1449,6 +1469,7 @@ cdef class TagEngine:
         self._world = world
         self._route = route
         self._split_min = split_min
+        self._split_post_max = split_min if split_min else 262144
         if self._ctl_req == NULL:
             self._ctl_post()
         return True
@@ -1471,7 +1492,7 @@ cdef class TagEngine:
         rts.addr = <uint64_t><uintptr_t>ref.view.buf
         rts.length = <uint64_t>ref.view.len
         rts.pid = <uint32_t>self._pid
-        rts.spare = 0
+        rts.check = _rts_check(rts)
         cdef void *req = NULL
         cdef int st = ucxcomm_tag_send(s.handle, <char *>wire, SPLIT_SIZE, tag | SPLIT_BIT,
                                        1, &req)
@@ -1617,7 +1638,8 @@ cdef class TagEngine:
         while st == UCXCOMM_INPROGRESS:  # (a 40-byte eager message that is here)
             ucxcomm_progress(self._wh)
             st = ucxcomm_test(req, 1, &st_tag, &got)
-        if st < 0 or nbytes != SPLIT_SIZE or (<split_rts *>out).magic != RTS_MAGIC:
+        if (st < 0 or nbytes != SPLIT_SIZE or (<split_rts *>out).magic != RTS_MAGIC
+                or (<split_rts *>out).check != _rts_check(<split_rts *>out)):
             return -1
         return 0
 
@@ -1730,7 +1752,7 @@ cdef class TagEngine:
 
     cdef int _held_find(self, uint64_t tag, uint64_t mask) except -2:
         """The index of the first held message that ``(tag, mask)`` matches, or -1."""
-        cdef Held h
+        cdef _Held h
         cdef Py_ssize_t i
         for i in range(len(self._held)):
             h = self._held[i]
@@ -1742,14 +1764,14 @@ cdef class TagEngine:
         """A probe that does not consume found the split request ``stag``: take it out of
         UCX's queue (its size is in its payload), and with it every earlier message
         from the same sender (they keep their order ahead of it, in ``_held``).
-        Returns the request's Held."""
+        Returns the request's _Held."""
         cdef uint64_t smask = (CTX_MASK & ~SPLIT_BIT) | SRC_MASK
         cdef uint64_t stag2 = 0
         cdef size_t nbytes = 0
         cdef void *msg = NULL
-        cdef Held h
+        cdef _Held h
         while ucxcomm_tag_probe(self._wh, stag & smask, smask, 1, &msg, &stag2, &nbytes):
-            h = Held.__new__(Held)
+            h = _Held.__new__(_Held)
             h.stag = stag2
             h.nbytes = nbytes
             if stag2 & SPLIT_BIT:
@@ -1774,8 +1796,7 @@ cdef class TagEngine:
         cdef list keep = []
         cdef int n = 0
         for op in self._reqs:
-            if ((op.req != NULL or op.rv) and not op.done
-                    and ((op.tag | op.sender_tag) & mask) == value):
+            if (op.req != NULL or op.rv) and not op.done and (op.tag & mask) == value:
                 self._abandon(op, make_err())
                 n += 1
             else:
@@ -1802,8 +1823,16 @@ cdef class TagEngine:
         cdef size_t length = 0
         cdef list keep
         cdef list ops = self._reqs + self._probes
-        if self._ctl_req != NULL:
+        for op in self._reqs:
+            if op.rv:  # (a split rendezvous: a peer may still copy from or into it)
+                self._graveyard.append(op.keep)
+                op.rv = 0
+        if self._ctl_req != NULL:  # (cancelled, then finished: UCP frees it then)
             ucxcomm_cancel(self._wh, self._ctl_req)
+            for attempt in range(100):
+                if ucxcomm_test(self._ctl_req, 1, &stag, &length) != UCXCOMM_INPROGRESS:
+                    break
+                ucxcomm_progress(self._wh)
             self._ctl_req = NULL
         self._rv_send.clear()
         self._rv_recv.clear()
