@@ -9,7 +9,10 @@ send, a receive or a fetch-and-op crosses from Python into compiled code once:
 * :class:`TagEngine`: the table of pending tag operations of one UCX worker: posting
   sends and receives, matched-probe receives in MPI matching order, the in-place wait
   for a prompt message, and :meth:`TagEngine.poll`, which progresses UCX and completes
-  every finished operation in one call (futures resolved per batch);
+  every finished operation in one call (futures resolved per batch); and the split
+  rendezvous of large point-to-point messages between ranks of one host (the sender
+  writes a share of the receive buffer with ``process_vm_writev`` while the receiver
+  reads the rest; docs/design.md, "Large messages on one host");
 * the RMA engine's operations (``rma_*``): a put, get, atomic or flush posted and, when
   it finishes within the spin budget, completed in the same call;
 * library facts (constants, version, library path, an endpoint's lanes).
@@ -129,7 +132,9 @@ cdef extern from "<unistd.h>" nogil:
 from libc.errno cimport EFAULT, EINTR, ESRCH, errno
 
 # The split rendezvous's wire: requests (RTS) and control messages (CTS, FIN, DONE), 40
-# bytes each, in this host's byte order (both ends run on one host).
+# bytes each, in this host's byte order (both ends run on one host). In CTS, ``k`` is
+# the sender's share of the message: its first ``k`` bytes; in FIN, ``addr`` is nonzero
+# when the sender could not write them (the receiver then reads them too).
 cdef struct split_rts:
     uint32_t magic
     uint32_t world     # the sender's world rank
@@ -832,7 +837,8 @@ cdef class TagEngine:
         cdef bint free = (not self._probes or not self._overlaps(tag, mask)) and not self._held
         if free:
             found = self._probe_fresh(tag, mask, &msg, &stag, &nbytes)
-            if found and nbytes <= <size_t>view.len and not (stag & SPLIT_BIT and self._split_rx):
+            if (found and nbytes <= <size_t>view.len
+                    and not (stag & SPLIT_BIT and self._split_rx)):
                 st = ucxcomm_msg_recv(self._wh, view.buf, nbytes, msg, &req, &stag, &nbytes)
                 if st >= 0:
                     ucxcomm_count_recv(<ucxcomm_stats_t *>self._stats, stag, nbytes, 1, 0)
