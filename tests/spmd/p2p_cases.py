@@ -659,8 +659,9 @@ async def split_rendezvous(comm):
     Receives waiting in place, posted before the send, after it, from ANY_SOURCE with
     ANY_TAG, with a Sendrecv; truncation into a smaller buffer (Recv and a posted Irecv:
     the prefix); probe and iprobe report the message's own size, and a receive after
-    them still takes an earlier small message first. The engine's tallies show the
-    requests and the senders' shares (none with the setting at 0)."""
+    them still takes an earlier small message first; requests that reach posted receives
+    (a sender splitting from a smaller size). The engine's tallies show the requests and
+    the senders' shares (none with the setting at 0)."""
     p, r = comm.size, comm.rank
     right, left = (r + 1) % p, (r - 1) % p
     eng = comm._world.worker.engine
@@ -701,7 +702,7 @@ async def split_rendezvous(comm):
         raise AssertionError("no TruncationError")
     assert np.array_equal(small, make(n, np.uint8, left)[:n // 2])
     await sreq
-    for cap in (64, 8):  # (8 bytes: below a request's size, so probed, never posted)
+    for cap in (64, 8):  # (8 bytes: below a request's own size)
         small = np.zeros(cap, np.uint8)
         rreq = comm.Irecv(small, left, 7)
         await comm.barrier()
@@ -712,9 +713,9 @@ async def split_rendezvous(comm):
             assert (exc.nbytes, exc.capacity) == (n, cap), (exc.nbytes, exc.capacity)
         else:
             raise AssertionError("no TruncationError")
-        if smin or cap < 40:  # (UCX's posted receive leaves an overflowed buffer as is)
+        if smin:  # (the sender, asked by the tag, writes what fits)
             assert np.array_equal(small, make(n, np.uint8, left)[:cap]), small[:8]
-        else:
+        else:  # (UCX's posted receive leaves an overflowed buffer as is)
             assert not small.any(), small[:8]
         await sreq
     count += 3
@@ -734,6 +735,29 @@ async def split_rendezvous(comm):
     assert (st.tag, st.nbytes) == (9, n) and np.array_equal(first, make(n, np.uint8, left))
     await ucxcomm.Request.waitall([s1, s2])
     count += 1
+    # Senders that split from a smaller size than their receivers' receives are posted
+    # below: the requests reach posted receives (four into one buffer, four into their
+    # own), which ask the sender by tag; every message arrives whole, in order.
+    if smin:
+        eng._split_min = 4096
+        try:
+            n = 65536 + 3
+            shared = np.zeros(n, np.uint8)
+            own = [np.zeros(n, np.uint8) for _ in range(4)]
+            reqs = [comm.Irecv(shared, left, 10) for _ in range(4)]
+            reqs += [comm.Irecv(b, left, 11) for b in own]
+            await comm.barrier()
+            sends = [comm.Isend(make(n, np.uint8, r), right, 10) for _ in range(4)]
+            sends += [comm.Isend(make(n, np.uint8, r + k), right, 11) for k in range(4)]
+            sts = await ucxcomm.Request.waitall(reqs)
+            await ucxcomm.Request.waitall(sends)
+            assert all(st.nbytes == n and st.source == left for st in sts), sts
+            assert np.array_equal(shared, make(n, np.uint8, left))
+            for k, b in enumerate(own):
+                assert np.array_equal(b, make(n, np.uint8, left + k)), k
+            count += 8
+        finally:
+            eng._split_min = smin
     await comm.barrier()
     after = (eng.split_sent, eng.split_received, eng.split_shared)
     if smin and p > 1:

@@ -31,6 +31,9 @@ from ..tags import (
     ANY_SOURCE,
     ANY_TAG,
     KIND_P2P,
+    MAX_RANKS,
+    SENDER_SHIFT,
+    SRC_BITS,
     TAG_UB,
     split_tag,
 )
@@ -145,7 +148,8 @@ class World:
         mine = hosts[rank] if hosts is not None and rank < len(hosts) else b""
         engine = getattr(worker, "engine", None)
         if mine and engine is not None and engine.split_setup(
-                rank, self._split_route, settings.get("UCXCOMM_P2P_SPLIT")):
+                rank, self._split_route, settings.get("UCXCOMM_P2P_SPLIT"),
+                self._split_sender):
             self.split_min = settings.get("UCXCOMM_P2P_SPLIT")
         self.comm = Comm(self, tuple(range(size)) if members is None else members, cid)
         if members is not None:
@@ -166,6 +170,17 @@ class World:
     def _split_route(self, world_rank: int) -> int:
         """The endpoint handle to ``world_rank``, for the engine's split rendezvous."""
         return int(self.endpoint(world_rank).sender.handle)  # type: ignore[attr-defined]
+
+    def _split_sender(self, stag: int) -> int:
+        """The world rank that sent a point-to-point message tagged ``stag`` (-1: no
+        communicator of this process has its context), for the engine's split
+        rendezvous."""
+        cid = (stag >> SENDER_SHIFT) >> (SRC_BITS + 2)
+        source = (stag >> SENDER_SHIFT) & (MAX_RANKS - 1)
+        for g in list(self.groups):
+            if g.cid == cid and source < len(g.members):
+                return int(g.members[source])
+        return -1
 
     def same_host(self, world_rank: int) -> bool:
         """Whether ``world_rank`` is known to run on this rank's host."""

@@ -98,6 +98,8 @@ cdef class TagEngine:
     cdef object _route         # world rank -> endpoint handle (for control messages)
     cdef dict _rv_send         # id -> send Op waiting for CTS/DONE
     cdef dict _rv_recv         # (sender world rank, id) -> receive Op waiting for FIN
+    cdef dict _rv_blind        # (sender world rank, tag) -> posted receives, in order
+    cdef object _route_stag    # a message's tag -> its sender's world rank (-1: unknown)
     cdef uint64_t _rv_next
     cdef void *_ctl_req        # the posted receive of control messages
     cdef char _ctl_buf[40]
@@ -156,6 +158,8 @@ cdef class TagEngine:
     cdef int _ctl_post(self) except -1
     cdef int _ctl_poll(self) except -1
     cdef int _ctl_dispatch(self, const char *buf, size_t length) except -1
+    cdef int _nack(self, const char *buf) except -1
+    cdef int _rts_blind(self, Op op, uint64_t stag, bint early) except -1
     cdef int _rts_take(self, void *msg, uint64_t stag, size_t nbytes, char *out) except -1
     cdef int _rts_start(self, Op op, uint64_t stag, const char *rts, bint early) except -1
     cdef int _rv_finish(self, Op op, int err) except -1

@@ -159,6 +159,8 @@ cdef uint32_t CTL_MAGIC = 0x43524355  # "UCRC"
 cdef uint32_t CTL_CTS = 1
 cdef uint32_t CTL_FIN = 2
 cdef uint32_t CTL_DONE = 3
+cdef uint32_t CTL_NACK = 4      # a posted receive got a request: rid is its tag
+cdef uint32_t CTL_BLIND = 5     # the sender wrote what fitted: rid the tag, k the length
 cdef int CTX_SHIFT = 44                      # ucxcomm.tags._CTX_SHIFT
 cdef uint64_t SPLIT_BIT = (<uint64_t>1) << 44  # ucxcomm.tags.SPLIT_BIT
 cdef uint64_t CTX_MASK = (<uint64_t>0xFFFFF) << 44
@@ -561,6 +563,7 @@ cdef class TagEngine:
         self._held = []
         self._rv_send = {}
         self._rv_recv = {}
+        self._rv_blind = {}
         self._graveyard = []
         self._dead = {}
         import asyncio
@@ -951,11 +954,11 @@ cdef class TagEngine:
         """A receive with no message yet: posted to UCX when ``free`` (no earlier pending
         receive overlaps it) and allowed, else queued behind the pending ones."""
         if free and op.posted and (not self._split_rx or (
-                not op.device and SPLIT_SIZE <= op.cap < self._split_post_max)):
-            # Where split requests may come, only host receives that hold a request
-            # and are too small for a split message are posted (one that comes is a
-            # truncation); the others are probed, so a request is read from UCX's
-            # queue, never from a buffer that other receives may share.
+                not op.device and op.cap < self._split_post_max)):
+            # Where split requests may come, only host receives too small for a split
+            # message are posted (a request that reaches one is not read from its
+            # buffer, which other receives may share: _rts_blind); the others are
+            # probed, so a request is read from UCX's queue.
             return self._post_to_ucx(op)
         op.posted = False
         op.future = self._create_future()
@@ -1007,18 +1010,8 @@ cdef class TagEngine:
         # is consumed, the buffer not written); ucxcomm reports it as a result whose
         # length exceeds the capacity (TruncationError, like a matched probe's).
         # ``early``: it finished when posted (its message was already here).
-        cdef char wire[SPLIT_SIZE]
-        if st >= 0 and self._split_rx and stag & SPLIT_BIT:
-            op.posted = False
-            op.req = NULL  # (the request is finished: the rendezvous goes on without it)
-            if length == SPLIT_SIZE:
-                memcpy(wire, <const void *>op.ptr, SPLIT_SIZE)
-                if ((<split_rts *>wire).magic == RTS_MAGIC
-                        and (<split_rts *>wire).check == _rts_check(<split_rts *>wire)):
-                    self._rts_start(op, stag, wire, early)
-                    return
-            self._rv_fail(op, RuntimeError(
-                f"a malformed split rendezvous request ({length} bytes) matched"))
+        if (st >= 0 or st == self._truncated) and self._split_rx and stag & SPLIT_BIT:
+            self._rts_blind(op, stag, early)  # (the UCX request is finished)
             return
         if st >= 0 or st == self._truncated:
             op.sender_tag = stag
@@ -1462,10 +1455,11 @@ cdef class TagEngine:
             op.future.set_exception(err)
 
     # ------------------------------------------------------------ split rendezvous
-    def split_setup(self, int world, route, size_t split_min):
+    def split_setup(self, int world, route, size_t split_min, route_stag=None):
         """Handle split rendezvous requests on this worker (it carries a world's
         communicators): ``world`` is this process's world rank, ``route(w)`` the
-        endpoint handle to world rank ``w`` (for control messages), ``split_min`` the
+        endpoint handle to world rank ``w`` (for control messages), ``route_stag(t)``
+        the world rank that sent a message with tag ``t`` (-1: unknown), ``split_min`` the
         size from which this process's sends to same-host peers split (0: never).
         False when the worker already serves a world (the first one's stays)."""
         if self._split_rx:
@@ -1474,6 +1468,7 @@ cdef class TagEngine:
         self._pid = getpid()
         self._world = world
         self._route = route
+        self._route_stag = route_stag
         self._split_min = split_min
         self._split_post_max = split_min if split_min else 262144
         if self._ctl_req == NULL:
@@ -1583,8 +1578,9 @@ cdef class TagEngine:
         if st < 0 and st != self._truncated:
             return 0
         memcpy(got, self._ctl_buf, SPLIT_SIZE)
-        self._ctl_post()
+        # This one first: posting again may take (and handle) the next ones at once.
         self._ctl_dispatch(got, length if st >= 0 else 0)
+        self._ctl_post()
         return 1
 
     cdef int _ctl_dispatch(self, const char *buf, size_t length) except -1:
@@ -1618,6 +1614,23 @@ cdef class TagEngine:
                 return 0
             op.rv = 0
             self._complete(op, 0)
+        elif c.kind == CTL_NACK:
+            self._nack(buf)
+        elif c.kind == CTL_BLIND:
+            ops = self._rv_blind.get((<int>c.world, c.rid))
+            if not ops:
+                return 0
+            op = ops.pop(0)
+            if not ops:
+                del self._rv_blind[(<int>c.world, c.rid)]
+            op.rv = 0
+            if c.addr:
+                self._rv_fail(op, RuntimeError(
+                    f"world rank {op.rv_peer} could not deliver a message of {c.k} bytes "
+                    "(split rendezvous into a posted receive)"))
+            else:
+                op.length = <size_t>c.k
+                self._complete(op, 0)
         elif c.kind == CTL_FIN:
             op = self._rv_recv.pop((<int>c.world, c.rid), None)
             if op is None:
@@ -1627,6 +1640,63 @@ cdef class TagEngine:
                 with nogil:
                     err = _cma(False, op.rv_pid, op.ptr, op.rv_addr, op.rv_k)
             self._rv_finish(op, err)
+        return 0
+
+    cdef int _nack(self, const char *buf) except -1:
+        """A posted receive of world rank ``c.world`` got one of this process's requests
+        (tag ``c.rid``) in its buffer, where it is not read (receives may share memory):
+        the oldest request to that rank with that tag still waiting for its CTS is the
+        one (a receiver matches one sender's messages of one tag in order). Write what
+        fits (``c.k`` bytes at ``c.addr``), say how long the message is, done."""
+        cdef split_ctl c
+        memcpy(&c, buf, SPLIT_SIZE)
+        cdef Op op, best = None
+        cdef int err = 0
+        cdef size_t n
+        for op in self._rv_send.values():
+            if (op.rv == 1 and op.rv_peer == <int>c.world and op.tag == c.rid
+                    and (best is None or op.rv_id < best.rv_id)):
+                best = op
+        if best is None:
+            self._ctl_send(<int>c.world, CTL_BLIND, c.rid, 1, 0)
+            return 0
+        n = min(<size_t>c.k, best.cap)
+        with nogil:
+            err = _cma(True, <int>c.pid, best.ptr, <uintptr_t>c.addr, n)
+        self._rv_send.pop(best.rv_id, None)
+        best.rv = 0
+        self._ctl_send(best.rv_peer, CTL_BLIND, c.rid, 1 if err else 0, best.cap)
+        self._complete(best, 0)
+        return 0
+
+    cdef int _rts_blind(self, Op op, uint64_t stag, bint early) except -1:
+        """A posted receive's buffer got a split request: not read from there (other
+        receives may share that memory); the sender, asked by tag (NACK), writes what
+        fits and tells the length (BLIND)."""
+        cdef int world = -1
+        op.posted = False
+        op.req = NULL
+        op.is_recv = True
+        op.sender_tag = stag & ~SPLIT_BIT
+        try:
+            world = self._route_stag(op.sender_tag)
+        except Exception:
+            world = -1
+        if world < 0 or self._ctl_send(world, CTL_NACK, op.sender_tag,
+                                       op.ptr, op.cap):
+            self._rv_fail(op, RuntimeError("a split rendezvous request reached a posted "
+                                           "receive from a rank this process cannot name"))
+            return 0
+        ucxcomm_count_recv(<ucxcomm_stats_t *>self._stats, op.sender_tag, op.cap, early,
+                           op.device)
+        self.split_received += 1
+        op.rv = 4
+        op.rv_peer = world
+        op.rv_id = op.sender_tag
+        self._rv_blind.setdefault((world, op.sender_tag), []).append(op)
+        if op.future is None:
+            op.future = self._create_future()
+        self._reqs.append(op)
         return 0
 
     cdef int _rts_take(self, void *msg, uint64_t stag, size_t nbytes, char *out) except -1:
@@ -1754,6 +1824,10 @@ cdef class TagEngine:
             self._rv_send.pop(op.rv_id, None)
         elif op.rv == 3:
             self._rv_recv.pop((op.rv_peer, op.rv_id), None)
+        elif op.rv == 4:
+            ops = self._rv_blind.get((op.rv_peer, op.rv_id))
+            if ops is not None and op in ops:
+                ops.remove(op)
         op.rv = 0
 
     cdef int _held_find(self, uint64_t tag, uint64_t mask) except -2:
@@ -1842,6 +1916,7 @@ cdef class TagEngine:
             self._ctl_req = NULL
         self._rv_send.clear()
         self._rv_recv.clear()
+        self._rv_blind.clear()
         for op in self._reqs:
             if op.req != NULL:
                 ucxcomm_cancel(self._wh, op.req)
