@@ -1366,7 +1366,9 @@ cdef class TagEngine:
         cdef uint64_t stag = 0
         cdef size_t length = 0
         cdef list keep = []
-        if self._ctl_req != NULL:
+        if self._ctl_req != NULL and (self._rv_send or self._rv_recv or self._rv_blind):
+            # (a control message is only ever about a rendezvous pending here: with
+            # none, it waits in its buffer and every other poll skips the test)
             finished += self._ctl_poll()
         for op in self._reqs:
             if op.req == NULL:
