@@ -296,9 +296,15 @@ failure() {
   else
     timeout 60 docker network disconnect -f "$NET" "${CIDS[2]}" || fail "cut: network disconnect"
   fi
+  # Every rank's exit and log first: a rank's blame is checked against another rank's log
+  local -a RCS TOOK
   for i in $(seq 0 $((N - 1))); do
     finish "$mode" "$i"
-    took=$(echo "$(ended_at "$i") - $at" | bc)
+    RCS[$i]=$RC
+    TOOK[$i]=$(echo "$(ended_at "$i") - $at" | bc)
+  done
+  for i in $(seq 0 $((N - 1))); do
+    RC=${RCS[$i]} took=${TOOK[$i]}
     if [ "$mode" = kill ] && [ "$i" = 2 ]; then
       [ "$RC" = 137 ] || fail "kill: rank 2's container exited $RC, not 137 (SIGKILL)"
       printf 'docker-cluster: %s: rank 2 killed (exit 137)\n' "$mode"
