@@ -184,6 +184,18 @@ def test_user_ucx_variables_win(tmp_path):
     assert p.user_overrides == env
 
 
+def test_oversized_shared_memory_segments_are_refused(tmp_path):
+    """UCX writes a shared-memory fragment's length in 16 bits: segments over 65535 bytes
+    lose or corrupt messages, so the plan refuses them (every spelling UCX reads)."""
+    det, pol = detection(tmp_path, None, WHEEL), tc.policy_from("auto", env={})
+    for var, value in (("UCX_MM_SEG_SIZE", "65536"), ("UCX_MM_SEG_SIZE", "64k"),
+                       ("UCX_SYSV_SEG_SIZE", "128KB"), ("UCX_POSIX_SEG_SIZE", " 1m ")):
+        with pytest.raises(UnsupportedError, match=f"{var}=.*over 65535 bytes"):
+            tc.plan(pol, det, env={var: value})
+    for value in ("65535", "8256", "32k", "auto", "inf", ""):  # fine, or left to UCX
+        tc.plan(pol, det, env={"UCX_MM_SEG_SIZE": value})
+
+
 def test_policy_from_environment_and_thresholds(tmp_path):
     env = {"UCXCOMM_TRANSPORT": "RDMA", "UCXCOMM_TAG_OFFLOAD": "off",
            "UCXCOMM_DEVICES": "mlx5_0:1, mlx5_1:1", "UCXCOMM_TM_THRESH": "4096",
@@ -259,6 +271,31 @@ def test_init_rdma_fails_fast_here():
         import ucxcomm
 
         ucxcomm.init(transport="infiniband")
+
+
+def test_oversized_segment_refused_at_init():
+    """With UCX_MM_SEG_SIZE=128k this UCX delivered a 100 000-byte message with its first
+    64 KiB zero (and with 64k it never delivered it): init now refuses the setting."""
+    prog = ("import asyncio, numpy as np, ucxcomm\n"
+            "async def main():\n"
+            "    try:\n"
+            "        comm = await ucxcomm.init()\n"
+            "    except ucxcomm.UnsupportedError as exc:\n"
+            "        print('REFUSED', exc, flush=True)\n"
+            "        raise SystemExit(3)\n"
+            "    async with comm:\n"
+            "        if comm.rank == 0:\n"
+            "            await comm.Send(np.arange(100000, dtype=np.uint8), 1)\n"
+            "        else:\n"
+            "            b = np.zeros(100000, np.uint8)\n"
+            "            await comm.Recv(b, 0)\n"
+            "            ok = np.array_equal(b, np.arange(100000, dtype=np.uint8))\n"
+            "            print('DATA', 'intact' if ok else 'corrupt', flush=True)\n"
+            "asyncio.run(main())\n")
+    proc = launch(2, [sys.executable, "-c", prog], timeout=30,
+                  env={"UCX_MM_SEG_SIZE": "128k"})
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.stdout.count("REFUSED UCX_MM_SEG_SIZE=128k (131072 bytes)") == 2, proc.stdout
 
 
 @pytest.mark.parametrize("name", ["ring_objects", "buffers_all_kinds"])

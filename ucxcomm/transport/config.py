@@ -261,6 +261,39 @@ def policy_from(transport: str | None = None, tag_offload: Any = None,
                   settings.get("UCXCOMM_TM_MAX_BB_SIZE", env))
 
 
+#: UCX's shared-memory segment size (``UCX_MM_SEG_SIZE``, or per transport). UCX 1.21 lets
+#: one fragment fill a segment but writes a fragment's length into a 16-bit field of the
+#: FIFO element (``uct_mm_fifo_element_t.length``): from 64 KiB a message of a segment's
+#: size or more is lost (65536: the receive never completes) or arrives with zeros
+#: (131072: the first 64 KiB of a 100 000-byte message). Refused at init instead.
+_SEG_SIZE_VARS = ("UCX_MM_SEG_SIZE", "UCX_SYSV_SEG_SIZE", "UCX_POSIX_SEG_SIZE",
+                  "UCX_XPMEM_SEG_SIZE")
+_SEG_SIZE_MAX = 65535
+_MEMUNITS = re.compile(r"\s*(\d+)\s*([kmgt]?)b?\s*", re.IGNORECASE)
+
+
+def check_user_variables(env: Mapping[str, str]) -> None:
+    """Refuse ``UCX_*`` values that make this UCX lose or corrupt messages.
+
+    Raises
+    ------
+    UnsupportedError
+        A shared-memory segment size (``UCX_MM_SEG_SIZE`` and its per-transport forms)
+        over 65535 bytes.
+    """
+    for var in _SEG_SIZE_VARS:
+        m = _MEMUNITS.fullmatch(env.get(var, ""))
+        if m is None:  # unset, or a form UCX itself judges (auto, inf, garbage)
+            continue
+        size = int(m.group(1)) << (10 * " kmgt".index(m.group(2).lower() or " "))
+        if size > _SEG_SIZE_MAX:
+            raise UnsupportedError(
+                f"{var}={env[var]} ({size} bytes): UCX's shared-memory transport records "
+                f"a fragment's length in 16 bits, so segments over {_SEG_SIZE_MAX} bytes "
+                f"lose or corrupt messages of that size (a 64 KiB message never arrives "
+                f"at 65536); set at most {_SEG_SIZE_MAX} or unset it")
+
+
 def plan(policy: Policy, det: Detection, env: Mapping[str, str] | None = None) -> Plan:
     """Decide the UCX configuration for ``policy`` on ``det``; pure, testable.
 
@@ -268,10 +301,12 @@ def plan(policy: Policy, det: Detection, env: Mapping[str, str] | None = None) -
     ------
     UnsupportedError
         ``transport="rdma"`` without an active RDMA port or without a verbs-capable UCX,
-        unknown ``devices`` in rdma mode, or ``tag_offload=True`` without a capable
-        device (raised before any UCX context is created).
+        unknown ``devices`` in rdma mode, ``tag_offload=True`` without a capable
+        device, or a ``UCX_*`` value this UCX mishandles (:func:`check_user_variables`)
+        (raised before any UCX context is created).
     """
     env = os.environ if env is None else env
+    check_user_variables(env)
     out = Plan(policy)
     out.user_overrides = {k: v for k, v in env.items()
                           if k in ("UCX_TLS", "UCX_NET_DEVICES", "UCX_RC_MLX5_TM_ENABLE",
