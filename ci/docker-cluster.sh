@@ -300,8 +300,8 @@ failure() {
   local -a RCS TOOK
   for i in $(seq 0 $((N - 1))); do
     finish "$mode" "$i"
-    RCS[$i]=$RC
-    TOOK[$i]=$(echo "$(ended_at "$i") - $at" | bc)
+    RCS[i]=$RC
+    TOOK[i]=$(echo "$(ended_at "$i") - $at" | bc)
   done
   for i in $(seq 0 $((N - 1))); do
     RC=${RCS[$i]} took=${TOOK[$i]}
