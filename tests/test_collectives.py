@@ -105,6 +105,14 @@ def test_hierarchical_collectives(hosts):
              env={"UCXCOMM_TEST_HOSTS": hosts}, timeout=180)
 
 
+@pytest.mark.parametrize("hosts", ["a,b,c,d", "0,0,1,1,2"])
+def test_alltoall_across_hosts(hosts):
+    """Alltoall(v) across hosts: mid-size blocks one pairwise step at a time (counted),
+    the others all at once, and an Alltoallv whose ranks choose differently."""
+    run_case(COLL_CASES, "alltoall_across_hosts", len(hosts.split(",")),
+             env={"UCXCOMM_TEST_HOSTS": hosts}, timeout=120)
+
+
 @pytest.mark.parametrize("nranks", [3, 4, 5])
 def test_bcast_chain(nranks):
     """Large Bcast at 3 ranks or more off the engine (a pipelined chain): odd sizes,

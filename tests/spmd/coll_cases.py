@@ -1280,6 +1280,59 @@ async def hierarchical_collectives(comm):
                 ("bcast across hosts", n, root, total, (h - 1) * n * 8)
 
 
+@cases.case
+async def alltoall_across_hosts(comm):
+    """Alltoall(v) where the ranks span hosts (``UCXCOMM_TEST_HOSTS``): blocks within
+    ``alltoall_pairs_min``/``max`` take the pairwise steps (counted here), the others
+    all at once; results against numpy, in place too, and an Alltoallv whose ranks
+    choose differently (one rank's largest block in the range, the others' below)."""
+    p, r = comm.size, comm.rank
+    t = algorithms.TUNING
+    lo, hi = t["alltoall_pairs_min"], t["alltoall_pairs_max"]
+    calls = []
+    pairs = algorithms._alltoallv_pairs
+
+    async def counted(*args):
+        calls.append(args[1])
+        await pairs(*args)
+
+    algorithms._alltoallv_pairs = counted
+    try:
+        for blk, taken in ((lo // 8 - 1, False), (lo // 8 + 3, True), (hi // 8 - 1, True),
+                           (hi // 8, False)):
+            before = len(calls)
+            send = np.stack([inp(r, blk, np.float64, salt=q) for q in range(p)]).ravel()
+            out = np.zeros(blk * p, np.float64)
+            await comm.Alltoall(send, out)
+            for q in range(p):
+                check(out[q * blk:(q + 1) * blk], inp(q, blk, np.float64, salt=r),
+                      ("alltoall", blk, q))
+            buf = send.copy()
+            await comm.Alltoall(IN_PLACE, buf)
+            check(buf, out, ("alltoall in place", blk))
+            assert (len(calls) - before == 2) == taken, (blk, len(calls) - before)
+        # Alltoallv: rank 0 sends blocks in the pairs range, the others smaller ones;
+        # rank p - 1 sends nothing to rank 1
+        def count(src, dst):
+            if src == p - 1 and dst == 1:
+                return 0
+            return (lo // 8 + 5 + dst) if src == 0 else (3 + src + dst)
+
+        sc = [count(r, d) for d in range(p)]
+        rc = [count(q, r) for q in range(p)]
+        sd = [sum(sc[:d]) for d in range(p)]
+        rd = [sum(rc[:q]) for q in range(p)]
+        send = np.concatenate([inp(r, sc[d], np.int64, salt=d) for d in range(p)])
+        out = np.zeros(sum(rc), np.int64)
+        before = len(calls)
+        await comm.Alltoallv((send, sc, sd), (out, rc, rd))
+        for q in range(p):
+            check(out[rd[q]:rd[q] + rc[q]], inp(q, rc[q], np.int64, salt=r), ("alltoallv", q))
+        assert (len(calls) - before == 1) == (r == 0), (r, len(calls) - before)
+    finally:
+        algorithms._alltoallv_pairs = pairs
+
+
 if __name__ == "__main__":
     if os.environ.get("UCXCOMM_TEST_HOSTS"):  # (before init: each rank's own host label)
         os.environ["UCXCOMM_HOST_LABEL"] = \
