@@ -113,6 +113,13 @@ def test_alltoall_across_hosts(hosts):
              env={"UCXCOMM_TEST_HOSTS": hosts}, timeout=120)
 
 
+def test_bcast_across_hosts():
+    """Every rank on a host of its own: Bcast from 64 KiB is the chain (each rank sends
+    the message once), below it the tree."""
+    run_case(COLL_CASES, "bcast_across_hosts", 4, env={"UCXCOMM_TEST_HOSTS": "a,b,c,d"},
+             timeout=120)
+
+
 @pytest.mark.parametrize("nranks", [3, 4, 5])
 def test_bcast_chain(nranks):
     """Large Bcast at 3 ranks or more off the engine (a pipelined chain): odd sizes,

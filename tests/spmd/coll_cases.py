@@ -1333,6 +1333,32 @@ async def alltoall_across_hosts(comm):
         algorithms._alltoallv_pairs = pairs
 
 
+@cases.case
+async def bcast_across_hosts(comm):
+    """Every rank on a host of its own (``UCXCOMM_TEST_HOSTS``): Bcast from
+    ``bcast_chain_min_hosts`` bytes is the chain (below it the binomial tree), from every
+    root, odd sizes; each rank sends the message at most once, the chain's last none
+    (the tree's root sends it to each of its children)."""
+    p, r = comm.size, comm.rank
+    lo = algorithms.TUNING["bcast_chain_min_hosts"]
+    for n, chain in ((lo // 8 - 1, False), (lo // 8 + 3, True), (5 * lo // 8 + 7, True)):
+        for root in range(p):
+            want = inp(root, n, np.float64, salt=root)
+            buf = want.copy() if r == root else np.zeros(n, np.float64)
+            before = comm.stats()
+            await comm.Bcast(buf, root=root)
+            after = comm.stats()
+            check(buf, want, ("bcast across hosts", n, root))
+            sent = sum(q["sent"]["bytes"] for q in after["peers"].values()) - sum(
+                q["sent"]["bytes"] for q in before["peers"].values())
+            if chain:
+                cap = 4096 if r == (root - 1) % p else n * 8 + 4096
+                assert sent < cap, ("bcast chain sent", n, root, sent, cap)
+            elif r == root:
+                assert sent >= 2 * n * 8, ("the tree's root sent", n, sent)
+            await comm.barrier()
+
+
 if __name__ == "__main__":
     if os.environ.get("UCXCOMM_TEST_HOSTS"):  # (before init: each rank's own host label)
         os.environ["UCXCOMM_HOST_LABEL"] = \
