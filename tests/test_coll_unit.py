@@ -170,3 +170,20 @@ def test_every_collective_is_declared_once_with_its_tiers():
     from ucxcomm.comm.communicator import Comm
 
     assert not public & set(vars(Comm)), public & set(vars(Comm))
+
+
+def test_tag_fields_round_trip():
+    """A received tag's communicator and source, as the split rendezvous names a sender
+    by them (``World._split_sender``): every kind, the split bit, the extreme values."""
+    from ucxcomm import tags
+
+    for cid in (0, 1, tags.MAX_CID):
+        for kind in (tags.KIND_P2P, tags.KIND_SPLIT, tags.KIND_COLL, tags.KIND_FRAMES):
+            for source in (0, 5, tags.MAX_RANKS - 1):
+                for tag in (0, 7, tags.TAG_UB):
+                    t = tags.make_tag(cid, kind, source, tag)
+                    for value in (t, t | tags.SPLIT_BIT):
+                        assert tags.cid_of(value) == cid
+                        assert tags.split_tag(value) == (source, tag)
+                        ctx, mask = tags.context_of(cid)
+                        assert value & mask == ctx

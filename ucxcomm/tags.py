@@ -123,6 +123,11 @@ def context_of(cid: int) -> tuple[int, int]:
     return cid << shift, ((1 << (CTX_BITS - 2)) - 1) << shift
 
 
+def cid_of(value: int) -> int:
+    """The communicator context of a received UCX tag."""
+    return (value & _CTX_MASK) >> (_CTX_SHIFT + 2)
+
+
 def split_tag(value: int) -> tuple[int, int]:
     """``(source, tag)`` of a received UCX tag."""
     return (value & _SRC_MASK) >> _SRC_SHIFT, value & _TAG_MASK

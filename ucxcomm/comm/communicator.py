@@ -31,10 +31,8 @@ from ..tags import (
     ANY_SOURCE,
     ANY_TAG,
     KIND_P2P,
-    MAX_RANKS,
-    SENDER_SHIFT,
-    SRC_BITS,
     TAG_UB,
+    cid_of,
     split_tag,
 )
 from . import elastic, trace
@@ -175,8 +173,7 @@ class World:
         """The world rank that sent a point-to-point message tagged ``stag`` (-1: no
         communicator of this process has its context), for the engine's split
         rendezvous."""
-        cid = (stag >> SENDER_SHIFT) >> (SRC_BITS + 2)
-        source = (stag >> SENDER_SHIFT) & (MAX_RANKS - 1)
+        cid, (source, _) = cid_of(stag), split_tag(stag)
         for g in list(self.groups):
             if g.cid == cid and source < len(g.members):
                 return int(g.members[source])
