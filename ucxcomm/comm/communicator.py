@@ -165,9 +165,10 @@ class World:
                 sender.world = world_rank
         return ep
 
-    def _split_route(self, world_rank: int) -> int:
-        """The endpoint handle to ``world_rank``, for the engine's split rendezvous."""
-        return int(self.endpoint(world_rank).sender.handle)  # type: ignore[attr-defined]
+    def _split_route(self, world_rank: int) -> Any:
+        """The endpoint's tag sender (``EpSend``) to ``world_rank``, for the engine's
+        split rendezvous (which keeps it until it closes)."""
+        return self.endpoint(world_rank).sender  # type: ignore[attr-defined]
 
     def _split_sender(self, stag: int) -> int:
         """The world rank that sent a point-to-point message tagged ``stag`` (-1: no

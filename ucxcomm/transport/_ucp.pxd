@@ -95,7 +95,8 @@ cdef class TagEngine:
     cdef bint _split_rx        # this worker carries communicators: requests are handled
     cdef int _pid
     cdef int _world            # this process's world rank
-    cdef object _route         # world rank -> endpoint handle (for control messages)
+    cdef object _route         # world rank -> its endpoint's EpSend (control messages)
+    cdef dict _routes          # world rank -> EpSend, as _route gave it (until it closes)
     cdef dict _rv_send         # id -> send Op waiting for CTS/DONE
     cdef dict _rv_out          # world rank -> this process's split sends to it in _rv_send
     cdef dict _rv_recv         # (sender world rank, id) -> receive Op waiting for FIN

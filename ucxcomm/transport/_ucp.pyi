@@ -53,7 +53,7 @@ class TagEngine:
     split_sent: int
     split_received: int
     split_shared: int
-    def split_setup(self, world: int, route: Callable[[int], int], split_min: int,
+    def split_setup(self, world: int, route: Callable[[int], EpSend], split_min: int,
                     route_stag: Callable[[int], int] | None = ...) -> bool: ...
     def _engine_setup(self, worker_handle: int, loop: asyncio.AbstractEventLoop, ready: Any,
                       spin_s: float, cuda: bool,

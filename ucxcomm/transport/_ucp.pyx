@@ -567,6 +567,7 @@ cdef class TagEngine:
         self._held = []
         self._rv_send = {}
         self._rv_out = {}
+        self._routes = {}
         self._rv_recv = {}
         self._rv_blind = {}
         self._graveyard = []
@@ -1465,7 +1466,8 @@ cdef class TagEngine:
     def split_setup(self, int world, route, size_t split_min, route_stag=None):
         """Handle split rendezvous requests on this worker (it carries a world's
         communicators): ``world`` is this process's world rank, ``route(w)`` the
-        endpoint handle to world rank ``w`` (for control messages), ``route_stag(t)``
+        :class:`EpSend` of the endpoint to world rank ``w`` (for control messages; kept
+        until it closes, then asked again), ``route_stag(t)``
         the world rank that sent a message with tag ``t`` (-1: unknown), ``split_min`` the
         size from which this process's sends to same-host peers split (0: never).
         False when the worker already serves a world (the first one's stays)."""
@@ -1475,6 +1477,7 @@ cdef class TagEngine:
         self._pid = getpid()
         self._world = world
         self._route = route
+        self._routes = {}
         self._route_stag = route_stag
         self._split_min = split_min
         self._split_post_max = split_min if split_min else 262144
@@ -1540,13 +1543,17 @@ cdef class TagEngine:
         c.k = k
         c.pid = <uint32_t>self._pid
         c.world = <uint32_t>self._world
-        cdef uintptr_t ep
-        try:
-            ep = self._route(world)
-        except Exception:
-            return 1
+        cdef EpSend s = self._routes.get(world)
+        if s is None or s.closed:  # (first use, or released: ask again)
+            try:
+                s = self._route(world)
+            except Exception:
+                return 1
+            if s.closed:
+                return 1
+            self._routes[world] = s
         cdef void *req = NULL
-        cdef int st = ucxcomm_tag_send(ep, <char *>wire, SPLIT_SIZE, CTL_TAG, 1, &req)
+        cdef int st = ucxcomm_tag_send(s.handle, <char *>wire, SPLIT_SIZE, CTL_TAG, 1, &req)
         if st < 0:
             return 1
         if st != 0:
@@ -1936,6 +1943,7 @@ cdef class TagEngine:
             self._ctl_req = NULL
         self._rv_send.clear()
         self._rv_out.clear()
+        self._routes.clear()
         self._rv_recv.clear()
         self._rv_blind.clear()
         for op in self._reqs:
