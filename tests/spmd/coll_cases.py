@@ -1281,20 +1281,47 @@ async def hierarchical_collectives(comm):
 @cases.case
 async def alltoall_across_hosts(comm):
     """Alltoall(v) where the ranks span hosts (``UCXCOMM_TEST_HOSTS``): blocks within
-    ``alltoall_pairs_min``/``max`` take the pairwise steps (counted here), the others
-    all at once; results against numpy, in place too, and an Alltoallv whose ranks
-    choose differently (one rank's largest block in the range, the others' below)."""
+    ``alltoall_pairs_min``/``max`` take the pairwise steps (counted here, with the peers
+    of each step in posting order: with a power of two ranks, step s exchanges with
+    rank ^ s both ways, else it sends to r+s and receives from r-s), the others all at
+    once; results against numpy, in place too, and an Alltoallv whose ranks choose
+    differently (one rank's largest block in the range, the others' below)."""
     p, r = comm.size, comm.rank
     t = algorithms.TUNING
     lo, hi = t["alltoall_pairs_min"], t["alltoall_pairs_max"]
     calls = []
     pairs = algorithms._alltoallv_pairs
+    chan_send, chan_recv = algorithms.Chan.send, algorithms.Chan.recv
+    log: list | None = None
+
+    def send(self, q, b):
+        if log is not None:
+            log.append(("send", q))
+        return chan_send(self, q, b)
+
+    def recv(self, q, b):
+        if log is not None:
+            log.append(("recv", q))
+        return chan_recv(self, q, b)
+
+    if p & (p - 1) == 0:
+        want = [(k, r ^ s) for s in range(1, p) for k in ("recv", "send")]
+    else:
+        want = [(k, (r - s if k == "recv" else r + s) % p) for s in range(1, p)
+                for k in ("recv", "send")]
 
     async def counted(*args):
+        nonlocal log
         calls.append(args[1])
-        await pairs(*args)
+        log = []
+        try:
+            await pairs(*args)
+            assert log == want, ("pairwise steps' peers", log, want)
+        finally:
+            log = None
 
     algorithms._alltoallv_pairs = counted
+    algorithms.Chan.send, algorithms.Chan.recv = send, recv
     try:
         for blk, taken in ((lo // 8 - 1, False), (lo // 8 + 3, True), (hi // 8 - 1, True),
                            (hi // 8, False)):
@@ -1329,6 +1356,7 @@ async def alltoall_across_hosts(comm):
         assert (len(calls) - before == 1) == (r == 0), (r, len(calls) - before)
     finally:
         algorithms._alltoallv_pairs = pairs
+        algorithms.Chan.send, algorithms.Chan.recv = chan_send, chan_recv
 
 
 @cases.case
