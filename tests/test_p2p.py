@@ -45,11 +45,6 @@ def test_split_rendezvous(nranks, split):
              env={"UCXCOMM_P2P_SPLIT": split} if split else None)
 
 
-def test_split_receiver_alone_when_busy():
-    """A receiver busy sending to the sender copies a message below 512 KiB alone."""
-    run_case(P2P_CASES, "split_receiver_alone_when_busy", 2)
-
-
 @pytest.mark.parametrize("split", ["", "0"])
 def test_split_peer_dies(split):
     proc = run_case(P2P_CASES, "split_peer_dies", 2,

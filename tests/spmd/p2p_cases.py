@@ -768,38 +768,6 @@ async def split_rendezvous(comm):
 
 
 @case
-async def split_receiver_alone_when_busy(comm):
-    """Both directions busy: a receiver whose own split send to the sender is still in
-    flight copies a message below 512 KiB alone (the sender, busy with that send,
-    writes no share: no CTS, no FIN); a receiver with nothing in flight to the sender,
-    or a message from 512 KiB, still asks for the sender's share. Rank 1's send X stays
-    in flight (rank 0 receives it last) while rank 1 receives rank 0's Y."""
-    eng = comm._world.worker.engine
-    assert comm.size == 2 and comm._world.split_min == 262144, comm._world.split_min
-    me = comm.rank
-    for n, busy_shares in ((262144, 0), (262144 + 4097, 0), (1 << 20, 1)):
-        await comm.barrier()
-        before = eng.split_shared
-        if me == 1:
-            x = comm.Isend(make(n, np.uint8, 1), 0, 1)
-            y = np.zeros(n, np.uint8)
-            await comm.Recv(y, 0, 2)
-            assert np.array_equal(y, make(n, np.uint8, 0)), n
-            await x
-        else:
-            await comm.Send(make(n, np.uint8, 0), 1, 2)  # (rank 1 copies Y, busy or not)
-            shared_y = eng.split_shared - before
-            assert shared_y == busy_shares, (n, "shares written for Y", shared_y)
-            x = np.zeros(n, np.uint8)
-            await comm.Recv(x, 1, 1)  # (nothing of rank 0's in flight: a share asked)
-            assert np.array_equal(x, make(n, np.uint8, 1)), n
-        await comm.barrier()
-        if me == 1:
-            assert eng.split_shared - before == 1, (n, "rank 1 wrote no share of X")
-    return "ok"
-
-
-@case
 async def split_peer_dies(comm):
     """A split rendezvous with a peer that dies: rank 1 sends a large message and exits
     without progressing (its share is never written), then rank 0 sends one to rank 1,

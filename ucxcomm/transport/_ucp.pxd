@@ -98,7 +98,6 @@ cdef class TagEngine:
     cdef object _route         # world rank -> its endpoint's EpSend (control messages)
     cdef dict _routes          # world rank -> EpSend, as _route gave it (until it closes)
     cdef dict _rv_send         # id -> send Op waiting for CTS/DONE
-    cdef dict _rv_out          # world rank -> this process's split sends to it in _rv_send
     cdef dict _rv_recv         # (sender world rank, id) -> receive Op waiting for FIN
     cdef dict _rv_blind        # (sender world rank, tag) -> posted receives, in order
     cdef object _route_stag    # a message's tag -> its sender's world rank (-1: unknown)
@@ -129,7 +128,6 @@ cdef class TagEngine:
     cdef object c_send_to(self, uintptr_t ep, uintptr_t ptr, size_t n, object keep,
                           uint64_t stag, object speers, bint fast)
     cdef object c_post_match(self, Op op, bint spin)
-    cdef void _rv_sent(self, Op op)
     cdef bint _probe_fresh(self, uint64_t tag, uint64_t mask, void **msg, uint64_t *stag,
                            size_t *nbytes) except -1
     cdef bint _progress_once(self) except -1

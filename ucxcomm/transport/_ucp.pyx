@@ -168,10 +168,6 @@ cdef uint64_t SRC_MASK = (<uint64_t>0xFFFFF) << 24
 cdef uint64_t CTL_TAG = (<uint64_t>0xFFFFF) << 44  # ucxcomm.tags.CTL_CTX
 #: The receiver's copy alone below this many bytes (each side's share would be small).
 cdef size_t SPLIT_ALONE = 65536
-#: ... and below this many when its own split sends to the sender are in flight (both
-#: directions busy: measured, docs/benchmarks.md, session 13; from 512 KiB the shares
-#: still win).
-cdef size_t SPLIT_ALONE_BUSY = 524288
 
 
 cdef uint64_t CHECK_SEED = 0x27D4EB2F165667C5
@@ -566,7 +562,6 @@ cdef class TagEngine:
         self._probes = []
         self._held = []
         self._rv_send = {}
-        self._rv_out = {}
         self._routes = {}
         self._rv_recv = {}
         self._rv_blind = {}
@@ -1525,7 +1520,6 @@ cdef class TagEngine:
         op.rv_id = rid
         op.rv_peer = s.world
         self._rv_send[rid] = op
-        self._rv_out[s.world] = self._rv_out.get(s.world, 0) + 1
         self._reqs.append(op)
         return op.future
 
@@ -1622,10 +1616,12 @@ cdef class TagEngine:
             op.rv = 2
             self._ctl_send(op.rv_peer, CTL_FIN, op.rv_id, 1 if err else 0, k)
         elif c.kind == CTL_DONE:
-            op = self._rv_send.get(c.rid)
+            op = self._rv_send.pop(c.rid, None)
             if op is None or <int>c.world != op.rv_peer:
+                if op is not None:
+                    self._rv_send[c.rid] = op
                 return 0
-            self._rv_sent(op)
+            op.rv = 0
             self._complete(op, 0)
         elif c.kind == CTL_NACK:
             self._nack(buf)
@@ -1676,7 +1672,8 @@ cdef class TagEngine:
         n = min(<size_t>c.k, best.cap)
         with nogil:
             err = _cma(True, <int>c.pid, best.ptr, <uintptr_t>c.addr, n)
-        self._rv_sent(best)
+        self._rv_send.pop(best.rv_id, None)
+        best.rv = 0
         self._ctl_send(best.rv_peer, CTL_BLIND, c.rid, 1 if err else 0, best.cap)
         self._complete(best, 0)
         return 0
@@ -1763,12 +1760,8 @@ cdef class TagEngine:
             op.cap = op.length
             op.has_ptr = False
         n = min(op.length, op.cap)
-        if (op.device or op.length > op.cap or n < SPLIT_ALONE
-                or (n < SPLIT_ALONE_BUSY and op.rv_peer in self._rv_out)):
-            # The receiver copies all of it (GPU memory: through host memory). So it
-            # does when its own split sends to the sender are in flight: the sender is
-            # busy copying those (both directions at once), and a share would cost two
-            # more control messages and a second CMA call for no parallel copy.
+        if op.device or op.length > op.cap or n < SPLIT_ALONE:
+            # The receiver copies all of it (GPU memory: through host memory).
             if op.device:
                 import numpy
                 arr = numpy.empty(n, dtype=numpy.uint8)
@@ -1835,20 +1828,9 @@ cdef class TagEngine:
         if not op.future.done():
             op.future.set_exception(exc)
 
-    cdef void _rv_sent(self, Op op):
-        """Split send ``op`` leaves ``_rv_send`` (done, or abandoned)."""
-        cdef object n
-        if self._rv_send.pop(op.rv_id, None) is not None:
-            n = self._rv_out.get(op.rv_peer, 0)
-            if n > 1:
-                self._rv_out[op.rv_peer] = n - 1
-            else:
-                self._rv_out.pop(op.rv_peer, None)
-        op.rv = 0
-
     cdef void _rv_forget(self, Op op):
         if op.rv == 1 or op.rv == 2:
-            self._rv_sent(op)
+            self._rv_send.pop(op.rv_id, None)
         elif op.rv == 3:
             self._rv_recv.pop((op.rv_peer, op.rv_id), None)
         elif op.rv == 4:
@@ -1942,7 +1924,6 @@ cdef class TagEngine:
                 ucxcomm_progress(self._wh)
             self._ctl_req = NULL
         self._rv_send.clear()
-        self._rv_out.clear()
         self._routes.clear()
         self._rv_recv.clear()
         self._rv_blind.clear()
