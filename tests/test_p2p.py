@@ -45,6 +45,12 @@ def test_split_rendezvous(nranks, split):
              env={"UCXCOMM_P2P_SPLIT": split} if split else None)
 
 
+def test_split_closed_endpoint():
+    """A split request matched after the endpoint to its sender was closed: PeerFailure,
+    no control message on the released endpoint."""
+    run_case(P2P_CASES, "split_closed_endpoint", 2)
+
+
 @pytest.mark.parametrize("split", ["", "0"])
 def test_split_peer_dies(split):
     proc = run_case(P2P_CASES, "split_peer_dies", 2,

@@ -768,6 +768,38 @@ async def split_rendezvous(comm):
 
 
 @case
+async def split_closed_endpoint(comm):
+    """A split request matched after its receiver closed the endpoint to the sender
+    (rank 0 aborts it between the request's arrival and its receive): no control
+    message goes out on the closed endpoint (before, the CTS went out on the closed
+    endpoint's handle and the message arrived as if nothing had closed); the receive
+    raises PeerFailure. Rank 1's send fails once rank 0 is gone."""
+    n = 1 << 20
+    await comm.barrier()
+    if comm.rank == 1:
+        try:
+            await comm.Isend(np.ones(n, np.uint8), 0, 1)
+        except ucxcomm.PeerFailure:
+            pass
+        else:
+            raise AssertionError("the send completed without its receiver")
+        return "ok"
+    st = await comm.probe(1, 1)  # (the request is here, held)
+    assert st.nbytes == n, st
+    comm._world.endpoint(1).abort()
+    got = np.zeros(n, np.uint8)
+    try:
+        await comm.Recv(got, 1, 1, timeout=30)
+    except ucxcomm.PeerFailure:
+        pass
+    else:
+        raise AssertionError("received over a closed endpoint")
+    sys.stdout.write("CASE-OK split_closed_endpoint rank 0\n")
+    sys.stdout.flush()
+    os._exit(0)  # (rank 1 learns of it from the store)
+
+
+@case
 async def split_peer_dies(comm):
     """A split rendezvous with a peer that dies: rank 1 sends a large message and exits
     without progressing (its share is never written), then rank 0 sends one to rank 1,
