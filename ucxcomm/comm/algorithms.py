@@ -342,6 +342,11 @@ class Chan:
         by = self._by_host()
         return by is not None and len(by) > 1
 
+    def one_per_host(self) -> bool:
+        """Whether every rank is on a host of its own (two hosts or more, known of all)."""
+        by = self._by_host()
+        return by is not None and len(by) == self.size > 1
+
     def _by_host(self) -> dict[bytes, list[int]] | None:
         g = self._group
         hosts = g.world.hosts
@@ -378,6 +383,9 @@ class SubChan(Chan):
 
     def spans_hosts(self) -> bool:
         return False  # (not asked: no phase is an Alltoall)
+
+    def one_per_host(self) -> bool:
+        return False  # (its phases are flat)
 
     def send(self, peer: int, target: Target) -> asyncio.Future | None:
         return self._ch.send(self._ranks[peer], target)
@@ -487,7 +495,7 @@ async def bcast(ch: Chan, buf: Buf, root: int) -> None:
     seg_min = TUNING["bcast_chain_seg_min"]
     chain = p > 2 and nbytes >= TUNING["bcast_chain_min"]
     if (p > 2 and not chain and nbytes >= TUNING["bcast_chain_min_hosts"]
-            and ch.spans_hosts() and ch.hosts() is None):
+            and ch.one_per_host()):
         chain, seg_min = True, TUNING["bcast_chain_seg_min_hosts"]
     if chain:
         seg_bytes = min(max(nbytes // (TUNING["bcast_chain_pieces"] * (p - 1)), seg_min),
@@ -898,7 +906,8 @@ async def alltoallv(ch: Chan, send: Buf, scounts: Sequence[int], sdispls: Sequen
                     recv: Buf, rcounts: Sequence[int], rdispls: Sequence[int]) -> None:
     """Pairwise exchange: all receives posted first, then sends to ``r+1, r+2, ...``;
     across hosts, with blocks of ``alltoall_pairs_min`` to ``alltoall_pairs_max`` bytes,
-    ``alltoall_pairs`` steps at a time (step ``s``: send to ``r+s``, receive from
+    ``alltoall_pairs`` steps at a time (:func:`_alltoallv_pairs`: step ``s`` exchanges
+    with ``r ^ s`` at a power of two ranks, else sends to ``r+s`` and receives from
     ``r-s``). Each rank chooses by its own largest block (an Alltoallv's ranks may
     choose differently): either way each pair exchanges one message per direction, and
     a rank that posts everything at once never waits for a step, so mixed schedules

@@ -1472,7 +1472,6 @@ cdef class TagEngine:
         self._pid = getpid()
         self._world = world
         self._route = route
-        self._routes = {}
         self._route_stag = route_stag
         self._split_min = split_min
         self._split_post_max = split_min if split_min else 262144
